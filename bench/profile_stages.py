@@ -1,0 +1,91 @@
+"""Time each stage of the forward separately (CUDA events, median of N) from the AOT artifacts.
+
+    python3 bench/profile_stages.py [--cases 1x8192,32x8192,1x65536] [--reps 20]
+
+For every case it launches gdn_l2norm (q and k), gdn_prepare and each built gdn_scan variant (every BV /
+num_warps) on the same inputs, so the table shows where the time goes and which scan variant is fastest per
+shape class (the input for the spec's dispatch table). H=16, HV=32, K=V=128, bf16, varlen API.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+
+from gdn_aot.loader.runtime import Artifacts
+
+H, HV, K, V, BT = 16, 32, 128, 128, 64
+FLOP_PER_TOKEN_HEAD = 183e3
+
+
+def timed(fn, reps):
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times), min(times)
+
+
+def profile(case: str, reps: int):
+    n, t = (int(x) for x in case.split("x"))
+    T = n * t
+    dev = torch.device("cuda")
+    arts = Artifacts.for_device(dev)
+    stream = torch.cuda.current_stream().cuda_stream
+    q = torch.randn(1, T, H, K, device=dev, dtype=torch.bfloat16)
+    k = torch.nn.functional.normalize(torch.randn_like(q), dim=-1)
+    v = torch.randn(1, T, HV, V, device=dev, dtype=torch.bfloat16)
+    g = -torch.nn.functional.softplus(torch.randn(1, T, HV, device=dev))
+    beta = torch.rand(1, T, HV, device=dev)
+    cu = torch.arange(0, T + 1, t, device=dev, dtype=torch.int32)
+    w = torch.empty(T, HV, K, device=dev, dtype=torch.bfloat16)
+    u = torch.empty(T, HV, V, device=dev, dtype=torch.bfloat16)
+    gam = torch.empty(T, HV, device=dev)
+    o = torch.empty_like(v)
+    h0 = torch.randn(n, HV, K, V, device=dev)
+    ht = torch.empty_like(h0)
+    rows = []
+    norm = arts.pick("gdn_l2norm", dtype="bf16", K=K)
+    qn = torch.empty_like(q)
+    rows.append(("l2norm q", timed(lambda: norm.launch((-(-T * H // 64), 1, 1), stream, q.data_ptr(),
+                                                             qn.data_ptr(), T * H), reps)))
+    prep = arts.pick("gdn_prepare", dtype="bf16", K=K, V=V, varlen=True)
+    rows.append(("prepare", timed(lambda: prep.launch((T // BT + n, HV, 1), stream, k.data_ptr(), v.data_ptr(),
+                                                           g.data_ptr(), beta.data_ptr(), cu.data_ptr(),
+                                                           w.data_ptr(), u.data_ptr(), gam.data_ptr(), T, n, H,
+                                                           HV), reps)))
+    for key, e in arts.manifest.variants.items():
+        a = e["axes"]
+        if e["kernel"] != "gdn_scan" or a["dtype"] != "bf16" or not a["varlen"] or a["transpose"]:
+            continue
+        scan = arts.kernel(key)
+        grid = (n, HV, V // a["BV"])
+        scratch = torch.empty(scan.scratch_bytes(grid), device=dev, dtype=torch.uint8)
+        rows.append((f"scan BV={a['BV']} w{e['num_warps']}", timed(
+            lambda: scan.launch(grid, stream, q.data_ptr(), k.data_ptr(), w.data_ptr(), u.data_ptr(),
+                                gam.data_ptr(), cu.data_ptr(), h0.data_ptr(), ht.data_ptr(), 0, o.data_ptr(),
+                                K ** -0.5, T, H, HV, 3, scratch_ptr=scratch.data_ptr()), reps)))
+    flop = FLOP_PER_TOKEN_HEAD * T * HV
+    for name, (med, mn) in rows:
+        print(f"{case:>9}  {name:<18} median {med * 1e3:9.1f} us  min {mn * 1e3:9.1f} us  "
+              f"({flop / (med * 1e-3) / 1e12:6.1f} TFLOP/s-equivalent of the whole forward)", flush=True)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cases", default="1x8192,4x2048,32x8192,1x65536")
+    p.add_argument("--reps", type=int, default=20)
+    args = p.parse_args()
+    for case in args.cases.split(","):
+        profile(case, args.reps)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""SASS facts about a cubin, from the nvdisasm/cuobjdump bundled with triton.
+
+`summary()` counts the instruction families that prove which hardware path a kernel takes:
+sm_90a HGMMA (wgmma), UTMALDG/UTMASTG (TMA), SYNCS (mbarrier), WARPGROUP; sm_100a UTCHMMA/UTCQMMA (tcgen05 mma),
+LDTM/STTM (TMEM load/store), UTCBAR (tcgen05 commit); the slow path HMMA/FFMA; LDL/STL (local memory = spills).
+`resource_usage()` reads REG/STACK/SHARED/LOCAL from `cuobjdump -res-usage`.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+from gdn_aot.build.toolchain import nvidia_bin
+
+FAMILIES = ("HGMMA", "UTMALDG", "UTMASTG", "SYNCS", "WARPGROUP", "UTCHMMA", "UTCQMMA", "LDTM", "STTM", "UTCBAR",
+            "HMMA", "FFMA", "LDL", "STL")
+_INSN = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)(\.[\w.]*)?")
+
+
+def disassemble(cubin: Path) -> str:
+    r = subprocess.run([str(nvidia_bin("nvdisasm")), "-c", str(cubin)], capture_output=True, text=True)
+    if r.returncode:
+        raise RuntimeError(f"nvdisasm failed on {cubin}: {r.stderr.strip()}")
+    return r.stdout
+
+
+def opcode_counts(sass_text: str) -> Counter:
+    return Counter(m.group(1) for m in _INSN.finditer(sass_text))
+
+
+def summary(cubin: Path, sass_text: str | None = None) -> dict:
+    counts = opcode_counts(disassemble(cubin) if sass_text is None else sass_text)
+    out = {fam: counts.get(fam, 0) for fam in FAMILIES}
+    out["total"] = sum(counts.values())
+    return out
+
+
+def resource_usage(cubin: Path) -> dict:
+    r = subprocess.run([str(nvidia_bin("cuobjdump")), "-res-usage", str(cubin)], capture_output=True, text=True)
+    if r.returncode:
+        raise RuntimeError(f"cuobjdump -res-usage failed on {cubin}: {r.stderr.strip()}")
+    m = re.search(r"Function\s+\S+:\s*\n\s*(.*)", r.stdout)
+    fields = dict(re.findall(r"(\w+(?:\[\d+\])?):(\d+)", m.group(1))) if m else {}
+    return {"registers": int(fields.get("REG", 0)), "stack": int(fields.get("STACK", 0)),
+            "static_shared": int(fields.get("SHARED", 0)), "local": int(fields.get("LOCAL", 0))}
+
+
+def analyse(cubin: Path) -> dict:
+    """Everything the manifest records about the binary: resources + instruction families + spills."""
+    fam = summary(cubin)
+    res = resource_usage(cubin)
+    res["spill_stores"] = fam["STL"]
+    res["spill_loads"] = fam["LDL"]
+    return {"resources": res, "sass": fam}

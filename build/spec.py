@@ -1,0 +1,322 @@
+"""Build specs: which variants of which kernels to compile, for which arches.
+
+A spec is one YAML file. Schema (every key optional unless marked *):
+
+    K: 128                      # * head dim of q/k (top level, or per kernel; per kernel wins)
+    V: 128                      # * head dim of v   (same)
+    arches: [sm_90a, sm_100a]   # * arches this spec targets (`--arch` picks a subset)
+    kernels:                    # * kernel name (see gdn_aot.kernels.KERNELS) -> axes
+      gdn_scan:
+        K: 128                  # overrides the top-level K for this kernel
+        BT: [64]                # chunk length, powers of two           (default [64])
+        BK: [128]               # K tile, must divide K                  (default [K])
+        BV: [64, 128]           # V tile, must divide V                  (default [V])
+        dtype: [bf16, fp16]     # * input dtype, bf16 | fp16
+        varlen: [true, false]   # cu_seqlens-packed batch or fixed-length batch   (default [false])
+        transpose: [false]      # state stored [V, K] instead of [K, V]           (default [false])
+        launch:                 # per arch launch choices                (default num_warps [4], num_stages [1])
+          sm_90a:  {num_warps: [4], num_stages: [1]}
+          sm_100a: {num_warps: [4]}
+        exclude:                # partial assignments removed from the cross product
+          - {dtype: fp16, BV: 64}
+          - {arch: sm_100a, transpose: true}
+    dispatch:                   # run-time preferences, copied into each arch's manifest for the loader
+      sm_90a:
+        gdn_scan: {default_BV: 128, small_batch_BV: 64, small_batch_factor: 2}
+
+An axis value may be a list or a single scalar. Each kernel's variants are the cross product of its axes
+(x arch x num_warps x num_stages) minus the exclusions. An axis the kernel's code does not depend on
+(``KernelDef.uses_axes``) may be omitted and must not list more than one value, so that no two variants
+compile to the same cubin. `dispatch` keys: ``default_BV`` (used when the caller names no BV),
+``small_batch_BV`` (preferred when num_seqs * HV < small_batch_factor * SMs), ``small_batch_factor`` (default 2);
+the BVs named must be among the kernel's BV values.
+
+Every problem raises :class:`SpecError`, whose message names the file, the key path and the bad value.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gdn_aot.kernels import KERNELS
+from gdn_aot.kernels.registry import ARCHES, DTYPES, Variant, arch_family
+
+AXES = ("K", "V", "BT", "BK", "BV", "dtype", "varlen", "transpose")
+LIST_AXES = ("BT", "BK", "BV", "dtype", "varlen", "transpose")
+LAUNCH_KEYS = ("num_warps", "num_stages")
+EXCLUDE_KEYS = AXES + LAUNCH_KEYS + ("arch",)
+TOP_KEYS = ("K", "V", "arches", "kernels", "dispatch")
+KERNEL_KEYS = AXES + ("launch", "exclude")
+DISPATCH_KEYS = ("default_BV", "small_batch_BV", "small_batch_factor")
+DEFAULT_LAUNCH = {"num_warps": [4], "num_stages": [1]}
+# CLI spellings of arches: `sm_90` and `sm_90a` both mean the arch-specific sm_90a target.
+ARCH_ALIASES = {"sm_90": "sm_90a", "sm_90a": "sm_90a", "90": "sm_90a", "sm_100": "sm_100a", "sm_100a": "sm_100a",
+                "100": "sm_100a"}
+
+
+class SpecError(ValueError):
+    """A spec file is invalid. The message names the file, the key path and the bad value."""
+
+    def __init__(self, path, keypath: str, problem: str, value: Any = dataclasses.MISSING):
+        self.path, self.keypath, self.problem, self.value = str(path), keypath, problem, value
+        got = "" if value is dataclasses.MISSING else f" (got {value!r})"
+        super().__init__(f"{path}: {keypath or '<top>'}: {problem}{got}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    path: str
+    sha256: str
+    arches: tuple[str, ...]
+    variants: tuple[Variant, ...]  # every arch, spec order
+    dispatch: dict  # arch -> kernel -> {default_BV, small_batch_BV, small_batch_factor}
+
+    def for_arch(self, arch: str) -> list[Variant]:
+        return [v for v in self.variants if v.arch == arch]
+
+    @property
+    def kernels(self) -> list[str]:
+        return list(dict.fromkeys(v.kernel for v in self.variants))
+
+
+def resolve_arches(requested: str | None, spec_arches: tuple[str, ...], path="<cli>") -> tuple[str, ...]:
+    """`all`/None -> the spec's arches; `sm_90`/`sm_90a`/`sm_100`... -> that arch (must be in the spec)."""
+    if requested in (None, "", "all"):
+        return spec_arches
+    out = []
+    for word in str(requested).split(","):
+        arch = ARCH_ALIASES.get(word.strip())
+        if arch is None:
+            raise SpecError(path, "--arch", f"unknown arch; use one of sm_90, sm_100, all", word)
+        if arch not in spec_arches:
+            raise SpecError(path, "arches", f"{arch} was requested but the spec only targets {list(spec_arches)}")
+        out.append(arch)
+    return tuple(dict.fromkeys(out))
+
+
+def find_spec_file(spec: str | Path) -> Path:
+    """A path as given, else a file of that name among the shipped specs (gdn_aot/specs)."""
+    p = Path(spec)
+    if p.is_file():
+        return p
+    shipped = Path(__file__).resolve().parent.parent / "specs"
+    for cand in (shipped / p.name, shipped / f"{p.name}.yaml"):
+        if cand.is_file():
+            return cand
+    raise SpecError(spec, "", "no such spec file (nor a shipped spec of that name in gdn_aot/specs)")
+
+
+def load_spec(path: str | Path) -> Spec:
+    path = find_spec_file(path)
+    raw = path.read_bytes()
+    try:
+        doc = yaml.safe_load(raw)
+    except yaml.YAMLError as e:
+        raise SpecError(path, "", f"not valid YAML: {e}") from None
+    return parse_spec(doc, path=str(path), sha256=hashlib.sha256(raw).hexdigest())
+
+
+def parse_spec(doc: Any, path: str = "<spec>", sha256: str = "") -> Spec:
+    P = _Parser(path)
+    if not isinstance(doc, dict):
+        raise SpecError(path, "", "a spec is a YAML mapping", doc)
+    P.keys(doc, TOP_KEYS, "")
+    arches = P.arch_list(P.required(doc, "arches", ""), "arches")
+    kernels = P.required(doc, "kernels", "")
+    if not isinstance(kernels, dict) or not kernels:
+        raise SpecError(path, "kernels", "expected a non-empty mapping of kernel name -> axes", kernels)
+    variants: list[Variant] = []
+    axis_values: dict[str, dict] = {}
+    for name, body in kernels.items():
+        kp = f"kernels.{name}"
+        if name not in KERNELS:
+            raise SpecError(path, kp, f"unknown kernel; known kernels: {sorted(KERNELS)}", name)
+        body = {} if body is None else body
+        if not isinstance(body, dict):
+            raise SpecError(path, kp, "expected a mapping of axes", body)
+        kd = KERNELS[name]
+        P.keys(body, KERNEL_KEYS, kp)
+        for arch in arches:
+            if arch_family(arch) not in kd.sources:
+                raise SpecError(path, f"{kp}", f"kernel has no source for {arch} (KernelDef.sources has "
+                                f"{sorted(kd.sources)}); drop the arch or the kernel", arch)
+        K = P.int(body.get("K", doc.get("K")), f"{kp}.K" if "K" in body else "K", positive=True)
+        V = P.int(body.get("V", doc.get("V")), f"{kp}.V" if "V" in body else "V", positive=True)
+        ax = {
+            "BT": P.values(body, "BT", kp, int, [64]),
+            "BK": P.values(body, "BK", kp, int, [K]),
+            "BV": P.values(body, "BV", kp, int, [V]),
+            "dtype": P.values(body, "dtype", kp, str, None),
+            "varlen": P.values(body, "varlen", kp, bool, [False]),
+            "transpose": P.values(body, "transpose", kp, bool, [False]),
+        }
+        for bt in ax["BT"]:
+            if bt <= 0 or bt & (bt - 1):
+                raise SpecError(path, f"{kp}.BT", "BT must be a power of two", bt)
+        for axis, dim, dname in (("BK", K, "K"), ("BV", V, "V")):
+            for b in ax[axis]:
+                if b <= 0 or dim % b:
+                    raise SpecError(path, f"{kp}.{axis}", f"{axis} must divide {dname}={dim}", b)
+        for d in ax["dtype"]:
+            if d not in DTYPES:
+                raise SpecError(path, f"{kp}.dtype", f"dtype must be one of {list(DTYPES)}", d)
+        for axis, vals in ax.items():
+            if axis not in kd.uses_axes and len(vals) > 1:
+                raise SpecError(path, f"{kp}.{axis}", f"{name} does not use axis {axis} "
+                                f"(uses {sorted(kd.uses_axes)}), so it may hold one value only", vals)
+        launch = P.launch(body.get("launch"), f"{kp}.launch", arches)
+        excludes = P.excludes(body.get("exclude"), f"{kp}.exclude")
+        axis_values[name] = ax
+        produced = 0
+        for arch in arches:
+            for bt, bk, bv, dt, vl, tr, nw, ns in itertools.product(
+                ax["BT"], ax["BK"], ax["BV"], ax["dtype"], ax["varlen"], ax["transpose"],
+                launch[arch]["num_warps"], launch[arch]["num_stages"],
+            ):
+                v = Variant(kernel=name, arch=arch, K=K, V=V, BT=bt, BK=bk, BV=bv, dtype=dt, varlen=vl,
+                            transpose=tr, num_warps=nw, num_stages=ns)
+                d = v.as_dict()
+                if any(all(d[k] == x for k, x in ex.items()) for ex in excludes):
+                    continue
+                variants.append(v)
+                produced += 1
+        if not produced:
+            raise SpecError(path, kp, "the cross product minus the exclusions is empty",
+                            body.get("exclude"))
+    keys = [v.key for v in variants]
+    dup = {k for k in keys if keys.count(k) > 1}
+    if dup:
+        raise SpecError(path, "kernels", "two entries produce the same variant", sorted(dup)[0])
+    dispatch = P.dispatch(doc.get("dispatch"), arches, axis_values)
+    return Spec(path=str(path), sha256=sha256, arches=arches, variants=tuple(variants), dispatch=dispatch)
+
+
+class _Parser:
+    def __init__(self, path):
+        self.path = path
+
+    def err(self, keypath, problem, value=dataclasses.MISSING):
+        return SpecError(self.path, keypath, problem, value)
+
+    def keys(self, d: dict, allowed, kp):
+        for k in d:
+            if k not in allowed:
+                raise self.err(f"{kp}.{k}" if kp else str(k), f"unknown key; allowed: {list(allowed)}", k)
+
+    def required(self, d: dict, key, kp):
+        if key not in d or d[key] is None:
+            raise self.err(f"{kp}.{key}" if kp else key, "required key is missing")
+        return d[key]
+
+    def int(self, value, kp, positive=False):
+        if value is None:
+            raise self.err(kp, "required key is missing (top level or per kernel)")
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise self.err(kp, "expected an integer", value)
+        if positive and value <= 0:
+            raise self.err(kp, "expected a positive integer", value)
+        return value
+
+    def _typed(self, x, ty, kp):
+        ok = isinstance(x, bool) if ty is bool else (isinstance(x, ty) and not isinstance(x, bool))
+        if not ok:
+            raise self.err(kp, f"expected {ty.__name__} values", x)
+        return x
+
+    def values(self, body, axis, kp, ty, default):
+        kp = f"{kp}.{axis}"
+        if axis not in body or body[axis] is None:
+            if default is None:
+                raise self.err(kp, "required axis is missing")
+            return list(default)
+        raw = body[axis]
+        vals = raw if isinstance(raw, list) else [raw]
+        if not vals:
+            raise self.err(kp, "an axis needs at least one value", raw)
+        vals = [self._typed(x, ty, kp) for x in vals]
+        if len(set(vals)) != len(vals):
+            raise self.err(kp, "repeated value", raw)
+        return vals
+
+    def arch_list(self, raw, kp):
+        vals = raw if isinstance(raw, list) else [raw]
+        if not vals:
+            raise self.err(kp, "at least one arch is needed", raw)
+        for a in vals:
+            if a not in ARCHES:
+                raise self.err(kp, f"unknown arch; known: {list(ARCHES)}", a)
+        return tuple(dict.fromkeys(vals))
+
+    def launch(self, raw, kp, arches):
+        out = {a: dict(DEFAULT_LAUNCH) for a in arches}
+        if raw is None:
+            return out
+        if not isinstance(raw, dict):
+            raise self.err(kp, "expected a mapping arch -> {num_warps, num_stages}", raw)
+        for arch, choice in raw.items():
+            if arch not in ARCHES:
+                raise self.err(f"{kp}.{arch}", f"unknown arch; known: {list(ARCHES)}", arch)
+            if not isinstance(choice, dict):
+                raise self.err(f"{kp}.{arch}", "expected a mapping {num_warps: [..], num_stages: [..]}", choice)
+            self.keys(choice, LAUNCH_KEYS, f"{kp}.{arch}")
+            if arch not in out:  # launch choices for an arch the spec does not target: validated, unused
+                out[arch] = dict(DEFAULT_LAUNCH)
+            for key in LAUNCH_KEYS:
+                if key in choice:
+                    vals = self.values(choice, key, f"{kp}.{arch}", int, None)
+                    for n in vals:
+                        if key == "num_warps" and (n <= 0 or n & (n - 1) or n > 32):
+                            raise self.err(f"{kp}.{arch}.num_warps", "num_warps must be a power of two <= 32", n)
+                        if key == "num_stages" and n < 1:
+                            raise self.err(f"{kp}.{arch}.num_stages", "num_stages must be >= 1", n)
+                    out[arch][key] = vals
+        return out
+
+    def excludes(self, raw, kp):
+        if raw is None:
+            return []
+        if not isinstance(raw, list):
+            raise self.err(kp, "expected a list of partial axis mappings", raw)
+        out = []
+        for i, ex in enumerate(raw):
+            ekp = f"{kp}[{i}]"
+            if not isinstance(ex, dict) or not ex:
+                raise self.err(ekp, "expected a non-empty mapping such as {dtype: fp16, BV: 64}", ex)
+            self.keys(ex, EXCLUDE_KEYS, ekp)
+            for k, x in ex.items():
+                ty = str if k in ("dtype", "arch") else bool if k in ("varlen", "transpose") else int
+                self._typed(x, ty, f"{ekp}.{k}")
+            out.append(dict(ex))
+        return out
+
+    def dispatch(self, raw, arches, axis_values):
+        if raw is None:
+            return {}
+        if not isinstance(raw, dict):
+            raise self.err("dispatch", "expected a mapping arch -> kernel -> preferences", raw)
+        out: dict = {}
+        for arch, per_kernel in raw.items():
+            kp = f"dispatch.{arch}"
+            if arch not in arches:
+                raise self.err(kp, f"arch not among the spec's arches {list(arches)}", arch)
+            if not isinstance(per_kernel, dict):
+                raise self.err(kp, "expected a mapping kernel -> preferences", per_kernel)
+            for kname, prefs in per_kernel.items():
+                kkp = f"{kp}.{kname}"
+                if kname not in axis_values:
+                    raise self.err(kkp, f"kernel not in this spec's kernels {sorted(axis_values)}", kname)
+                if not isinstance(prefs, dict):
+                    raise self.err(kkp, f"expected a mapping with keys {list(DISPATCH_KEYS)}", prefs)
+                self.keys(prefs, DISPATCH_KEYS, kkp)
+                for key, x in prefs.items():
+                    self._typed(x, int, f"{kkp}.{key}")
+                    if key.endswith("_BV") and x not in axis_values[kname]["BV"]:
+                        raise self.err(f"{kkp}.{key}", f"BV not among {kname}'s BV values "
+                                       f"{axis_values[kname]['BV']}", x)
+                out.setdefault(arch, {})[kname] = {"small_batch_factor": 2, **prefs}
+        return out

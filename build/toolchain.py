@@ -1,0 +1,95 @@
+"""The tools the build uses, as bundled in the triton wheel, found without importing triton.
+
+ptxas 12.8 (sm_90a) and ptxas-blackwell 12.9 (sm_100a), cuobjdump/nvdisasm 12.8 and cuda.h live under
+triton/backends/nvidia/{bin,include}. Their versions go into the input hash and the manifest.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.metadata
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+
+class ToolchainError(RuntimeError):
+    pass
+
+
+@functools.lru_cache(None)
+def triton_dir() -> Path:
+    spec = importlib.util.find_spec("triton")
+    if spec is None or not spec.submodule_search_locations:
+        raise ToolchainError("triton is not installed; the build needs it: pip install 'gdn-aot[build]' "
+                             "(or triton==3.6.0)")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+@functools.lru_cache(None)
+def triton_version() -> str:
+    return importlib.metadata.version("triton")
+
+
+def nvidia_bin(name: str) -> Path:
+    p = triton_dir() / "backends" / "nvidia" / "bin" / name
+    if not p.is_file():
+        raise ToolchainError(f"{p} is missing from the triton wheel")
+    return p
+
+
+def cuda_include() -> Path:
+    return triton_dir() / "backends" / "nvidia" / "include"
+
+
+def ptxas_for(arch: str) -> Path:
+    """The ptxas triton itself picks for the arch (see triton.backends.nvidia.compiler.get_ptxas)."""
+    return nvidia_bin("ptxas-blackwell" if arch == "sm_100a" else "ptxas")
+
+
+@functools.lru_cache(None)
+def tool_version(path: Path) -> str:
+    out = subprocess.run([str(path), "--version"], capture_output=True, text=True, check=True).stdout
+    m = re.search(r"release ([\d.]+), V([\d.]+)", out)
+    return m.group(2) if m else out.strip().splitlines()[-1]
+
+
+def ptxas_version(arch: str) -> str:
+    return tool_version(ptxas_for(arch))
+
+
+@functools.lru_cache(None)
+def cc() -> str:
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    raise ToolchainError("no C compiler found (set CC); the launcher .so is compiled at build time")
+
+
+@functools.lru_cache(None)
+def cc_version() -> str:
+    out = subprocess.run([cc(), "--version"], capture_output=True, text=True).stdout
+    return out.splitlines()[0] if out else "unknown"
+
+
+def file_sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def sanitized_env(triton_home: Path) -> dict:
+    """Environment for a compile worker: nothing from the user's TRITON_*/MLIR debug knobs leaks in, the
+    cache and home are private (results are never served from ~/.triton), and every compile is real."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("TRITON_", "MLIR_", "LLVM_", "NVPTX_", "USE_IR_LOC"))}
+    env.update({
+        "TRITON_HOME": str(triton_home),
+        "TRITON_CACHE_DIR": str(triton_home / "cache"),
+        "TRITON_DUMP_DIR": str(triton_home / "dump"),
+        "TRITON_OVERRIDE_DIR": str(triton_home / "override"),
+        "TRITON_ALWAYS_COMPILE": "1",
+        "PYTHONHASHSEED": "0",
+    })
+    return env

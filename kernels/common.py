@@ -1,0 +1,173 @@
+"""Arch-independent pieces shared by the sm_90a and sm_100a kernel families.
+
+Sequence bookkeeping (which tokens a program owns), the gate algebra of one chunk, and layout choices.
+Nothing here touches a tensor core, so both families call the same code and what the H200 proves about it
+holds for Blackwell too.
+"""
+from triton.experimental import gluon
+from triton.runtime.jit import constexpr_function
+from triton.experimental.gluon import language as gl
+
+
+@constexpr_function
+def wgmma_layout(M, N, num_warps, operand_bits=16):
+    """Accumulator layout of an [M, N] wgmma result (sm_90a); the instruction K is 256 / operand bits.
+
+    A warpgroup's atom is 4 warps x 16 rows along M; extra warps go along M while rows remain, then along N.
+    The instruction N is the widest multiple of 8 dividing the columns each warp column owns.
+    """
+    along_m = min(num_warps, max(4, M // 16))
+    warps_n = num_warps // along_m
+    n = min(256, N // warps_n)
+    while N % n != 0 or n % 8 != 0:
+        n -= 8
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[along_m, warps_n], instr_shape=[16, n, 256 // operand_bits])
+
+
+@constexpr_function
+def squaring_rounds(BT):
+    """Rounds of (I + N)(I + N^2)... needed until N^BT = 0 for a strictly lower-triangular BT x BT matrix."""
+    return BT.bit_length() - 2
+
+
+@constexpr_function
+def row_load_layout(cols, num_warps):
+    """Coalesced layout for [rows, cols] 16-bit tiles: 8 contiguous elements (16 bytes) per thread."""
+    tpw_cols = min(32, cols // 8)
+    return gl.BlockedLayout([1, 8], [32 // tpw_cols, tpw_cols], [num_warps, 1], [1, 0])
+
+
+@gluon.jit
+def _clamped_bounds(cu_seqlens, i_n, T):
+    """[bos, eos) of sequence i_n clamped to [0, T]: a malformed cu_seqlens that skipped host validation
+    yields wrong rows, never an out-of-bounds access."""
+    bos = gl.minimum(gl.maximum(gl.load(cu_seqlens + i_n), 0), T)
+    eos = gl.minimum(gl.maximum(gl.load(cu_seqlens + i_n + 1), bos), T)
+    return bos, eos
+
+
+@gluon.jit
+def sequence_of_chunk_slot(slot, cu_seqlens, T, num_seqs, BT: gl.constexpr, IS_VARLEN: gl.constexpr):
+    """Map a chunk-parallel program to (first row of its chunk, rows in it); rows <= 0 means idle.
+
+    Varlen: slot(s, c) = cu[s] // BT + s + c is injective and below T // BT + num_seqs, so a grid of that size
+    covers every chunk with no host-side chunk table. The sequence is the largest s with cu[s] // BT + s <= slot
+    (a strictly increasing function of s: binary search on cu_seqlens).
+    """
+    if IS_VARLEN:
+        lo = 0
+        hi = num_seqs
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if gl.load(cu_seqlens + mid) // BT + mid <= slot:
+                lo = mid
+            else:
+                hi = mid
+        bos, eos = _clamped_bounds(cu_seqlens, lo, T)
+        start = bos + (slot - bos // BT - lo) * BT
+        eos = gl.where(start >= bos, eos, start)  # only a malformed cu_seqlens puts slot before cu[lo]
+    else:
+        n_chunks = gl.cdiv(T, BT)
+        batch = slot // n_chunks
+        eos = (batch + 1) * T
+        start = batch * T + (slot % n_chunks) * BT
+    return start, gl.minimum(eos - start, BT)
+
+
+@gluon.jit
+def sequence_bounds(i_n, cu_seqlens, T, IS_VARLEN: gl.constexpr):
+    """First row and length of sequence i_n (a batch row when fixed-length; T = total rows when varlen)."""
+    if IS_VARLEN:
+        bos, eos = _clamped_bounds(cu_seqlens, i_n, T)
+        seq_len = eos - bos
+    else:
+        bos = i_n * T
+        seq_len = T
+    return bos, seq_len
+
+
+@gluon.jit
+def causal_decay(gam_rows, gam_cols, n_rows, STRICT: gl.constexpr):
+    """M_ij = exp(gam_i - gam_j) on the (strictly) lower triangle of valid rows, else 0.
+
+    The exponent is masked before exp: above the diagonal gam_i - gam_j > 0 can overflow to inf, and inf * 0
+    would be NaN.
+    """
+    i = gl.expand_dims(gl.arange(0, gam_rows.shape[0], gam_rows.type.layout), 1)
+    j = gl.expand_dims(gl.arange(0, gam_cols.shape[0], gam_cols.type.layout), 0)
+    if STRICT:
+        keep = (i > j) & (i < n_rows)
+    else:
+        keep = (i >= j) & (i < n_rows)
+    diff = gl.expand_dims(gam_rows, 1) - gl.expand_dims(gam_cols, 0)
+    return gl.where(keep, gl.exp(gl.where(keep, diff, 0.0)), 0.0)
+
+
+@gluon.jit
+def chunk_cumsum(g_rows, g_cols):
+    """gam = inclusive cumsum of the chunk's log decays, returned in both the row and the column layout.
+
+    A masked [BT, BT] reduction instead of a scan: it lands directly in the two slice layouts the decay
+    matrix needs, and at BT = 64 it is 32 adds a thread.
+    """
+    i = gl.expand_dims(gl.arange(0, g_rows.shape[0], g_rows.type.layout), 1)
+    j = gl.expand_dims(gl.arange(0, g_cols.shape[0], g_cols.type.layout), 0)
+    gam_rows = gl.sum(gl.where(j <= i, gl.expand_dims(g_cols, 0), 0.0), axis=1)
+    gam_cols = gl.sum(gl.where(i <= j, gl.expand_dims(g_rows, 1), 0.0), axis=0)
+    return gam_rows, gam_cols
+
+
+@gluon.jit
+def state_tile_offsets(slot, i_hv, i_v, HV, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr,
+                       TRANSPOSE_STATE: gl.constexpr, layout: gl.constexpr):
+    """Offsets of the [K, BV] state tile (value head i_hv, V tile i_v) of state slot `slot`.
+
+    The state is [slots, HV, K, V], or [slots, HV, V, K] with TRANSPOSE_STATE (the layout decode kernels read);
+    either way the tile is held as [K, BV] on chip, so the transposed layout costs no extra kernel.
+    """
+    kk = gl.expand_dims(gl.arange(0, K, gl.SliceLayout(1, layout)), 1)
+    vv = gl.expand_dims(i_v * BV + gl.arange(0, BV, gl.SliceLayout(0, layout)), 0)
+    base = (slot.to(gl.int64) * HV + i_hv) * (K * V)
+    if TRANSPOSE_STATE:
+        return base + vv * K + kk
+    else:
+        return base + kk * V + vv
+
+
+# --- added for the sm_100a family (the functions above are shared with sm_90a and unchanged) ---------------
+
+
+@gluon.jit
+def _bitmask_keep_scalar(diff, limit, group_start, bit):
+    """One element of the 16-wide bitmask causal mask: keep column j of a row iff j < limit.
+
+    Columns go in groups of 16 (group_start = j & ~15, bit = j & 15). For the row, the group's mask word is
+    -1 << clamp(limit - group_start, 0, 16): bit b is set iff column group_start + b is masked out. The shift is
+    clamped to 16 (bit <= 15, so that is exact) because a shift by >= 32 is undefined in LLVM IR.
+    A masked element becomes -inf, so exp() of it is exactly 0 and never overflows (exp(gam_i - gam_j) for
+    i < j can be huge).
+    """
+    shift = gl.minimum(gl.maximum(limit - group_start, 0), 16)
+    word = (-1) << shift
+    masked = ((word >> bit) & 1) != 0
+    return gl.where(masked, -float("inf"), diff)
+
+
+@gluon.jit
+def causal_decay_bitmask(gam_rows, gam_cols, n_rows, STRICT: gl.constexpr):
+    """Same result as causal_decay (M_ij = exp(gam_i - gam_j) on the (strictly) lower triangle of valid rows,
+    else 0), with the mask built per element from 16-wide bitmasks through gl.map_elementwise.
+
+    Row i keeps columns j < limit_i, limit_i = i (STRICT) or i + 1, and 0 for rows past n_rows. Masked exponents
+    are -inf before exp, so nothing overflows and masked entries are exactly 0.
+    """
+    i = gl.arange(0, gam_rows.shape[0], gam_rows.type.layout)
+    j = gl.expand_dims(gl.arange(0, gam_cols.shape[0], gam_cols.type.layout), 0)
+    if STRICT:
+        limit = i
+    else:
+        limit = i + 1
+    limit = gl.expand_dims(gl.where(i < n_rows, limit, 0), 1)
+    diff = gl.expand_dims(gam_rows, 1) - gl.expand_dims(gam_cols, 0)
+    masked = gl.map_elementwise(_bitmask_keep_scalar, diff, limit, (j >> 4) << 4, j & 15)
+    return gl.exp(masked)

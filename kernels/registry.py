@@ -1,0 +1,92 @@
+"""The contract between the Gluon kernel sources and the build step.
+
+Every kernel family registers one :class:`KernelDef`. The build step knows nothing about GDN: it asks a
+``KernelDef`` for the runtime signature, the constexprs and the launch options of a :class:`Variant`,
+compiles ``KernelDef.source(arch)`` with them, and records the result in the manifest. The loader reads the
+same parameter names back from the manifest, so the argument order here is the launcher ABI.
+
+Runtime parameter types use Triton's signature strings: ``*bf16``/``*fp16``/``*fp32``/``*i32`` for pointers
+(``*{dtype}`` is replaced by the variant's input dtype), ``i32``/``i64``/``fp32`` for scalars.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Callable
+
+ARCHES = ("sm_90a", "sm_100a")
+DTYPES = ("bf16", "fp16")
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One point of a spec's cross product: everything that selects a cubin."""
+
+    kernel: str
+    arch: str  # "sm_90a" | "sm_100a"
+    K: int
+    V: int
+    BT: int
+    BK: int
+    BV: int
+    dtype: str  # "bf16" | "fp16"
+    varlen: bool
+    transpose: bool  # state stored [V, K] instead of [K, V]
+    num_warps: int
+    num_stages: int
+
+    @property
+    def key(self) -> str:
+        """Stable, human-readable identifier; also the manifest key."""
+        return (
+            f"{self.kernel}.{self.arch}.{self.dtype}.k{self.K}v{self.V}.bt{self.BT}bk{self.BK}bv{self.BV}"
+            f".{'varlen' if self.varlen else 'fixed'}.{'vk' if self.transpose else 'kv'}"
+            f".w{self.num_warps}s{self.num_stages}"
+        )
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelDef:
+    """What the build step needs to compile one kernel family for any variant.
+
+    params: runtime parameters in launch order, as (name, type) with ``*{dtype}`` standing for the input dtype.
+    constexprs: variant -> {name: value} for every ``gl.constexpr`` parameter of the kernel (num_warps included).
+    sources: arch family ("sm90", "sm100") -> "module:function" of the ``@gluon.jit`` kernel, imported lazily so
+      that reading the registry never imports triton.
+    grid: the grid rule, in words, recorded in the manifest for launcher writers.
+    uses_axes: the spec axes that change the generated code; the others must hold a single value for this
+      kernel (validation rejects a spec that varies them, so no two variants compile to the same cubin).
+    """
+
+    name: str
+    params: tuple[tuple[str, str], ...]
+    constexprs: Callable[[Variant], dict]
+    sources: dict[str, str]
+    grid: str
+    uses_axes: frozenset[str]
+    doc: str = ""
+
+    def signature(self, variant: Variant) -> dict[str, str]:
+        """Triton signature: runtime params (dtype substituted) then constexprs, in the kernel's own order."""
+        sig = {name: ty.replace("{dtype}", variant.dtype) for name, ty in self.params}
+        for name in self.constexprs(variant):
+            sig[name] = "constexpr"
+        return sig
+
+    def source(self, arch: str):
+        family = arch_family(arch)
+        if family not in self.sources:
+            raise KeyError(f"kernel {self.name!r} has no {arch} source")
+        module, fn = self.sources[family].split(":")
+        return getattr(importlib.import_module(module), fn)
+
+
+def arch_family(arch: str) -> str:
+    return {"sm_90a": "sm90", "sm_100a": "sm100"}[arch]
+
+
+def arch_capability(arch: str) -> int:
+    return {"sm_90a": 90, "sm_100a": 100}[arch]

@@ -1,0 +1,263 @@
+"""gdn_scan for Blackwell (sm_100a): the state recurrence fused with the output of every chunk.
+
+Same algorithm, grid, flags and state handling as scan_sm90.py (steps 4-5 of docs/gdn-math.md). One program
+per (sequence, value head, V tile), 4 warps, walks the sequence's chunks in order:
+    v_new = u - w h
+    o     = scale (e^gam * (q h) + ((q k^T) . M) v_new)        M_ij = e^(gam_i - gam_j), i >= j
+    h     = e^gam_last h + k^T (e^(gam_last - gam) v_new)
+Units:
+  * TMA (UTMALDG) brings q, k, w, u of chunk c + 1 into the other half of a two-stage shared-memory ring
+    (completion on an mbarrier) while chunk c computes; the descriptors are built on the device per sequence with
+    the sequence length as row bound, so the last chunk's loads are zero-filled past the end.
+  * tcgen05_mma (issued by one thread, operands in NVMMA shared memory, accumulators in tensor memory),
+    completion by tcgen05_commit on mbarriers:
+        w h        -> acc_a  [BT, BV]   (then reused for the intra-chunk output)
+        q k^T      -> s_tmem [BT, BT]
+        q h        -> inter  [BT, BV]   (inter-chunk output: its own accumulator)
+        P v_new    -> acc_a  [BT, BV]   (intra-chunk output, P = masked decayed scores)
+        k^T v_dec  -> h_tmem [K, BV]    (use_acc=True: the state update accumulates in place)
+    The causal mask comes from 16-wide bitmasks (common.causal_decay_bitmask, gl.map_elementwise).
+  * o leaves by TMA: full chunks with a plain TMA store (UTMASTG) through the per-sequence descriptor; the last,
+    partial chunk of a sequence with tma.async_scatter (SASS UTMASTG.2D.SCATTER4) over a descriptor of
+    the whole packed o, rows past the sequence end given the offset 0x7FFFFFFF, which the TMA unit skips.
+  * the final state leaves by TMA through a shared-memory staging tile; the transposed [V, K] layout is written
+    by storing the [K, BV/2] register tile into a permuted ([1, 0]) view of a [BV/2, K] tile.
+The state h [K, BV] fp32 lives in TMEM as the accumulator of the k^T v_dec update. Why TMEM and not registers:
+every chunk needs h as a 16-bit MMA operand in shared memory anyway (tcgen05.ld, cvt, st.shared), and the
+decay e^gam_last is applied in the same pass (tcgen05.st back), done in [K, 64] column slices, so at most 64 fp32
+values of h a thread are live in registers, and only during that pass, instead of across the whole loop body (BV = 128 would pin 128 fp32 registers a thread, as the wgmma
+accumulator does on sm_90a); the update itself is then a single accumulating MMA, and the final state is read
+back in two [K, BV/2] column slices. The ordering this needs (tcgen05.st before the MMA that accumulates into
+it) is given by tcgen05.wait::st (emitted with the store) + fence + CTA barrier before the single-thread issue.
+TMEM columns: h BV + inter BV + acc_a BV + scores BT (M = 64 accumulators may share columns, see tmem_size).
+"""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.blackwell import (TensorMemoryLayout, allocate_tensor_memory,
+                                                                  fence_async_shared, get_tmem_reg_layout,
+                                                                  mbarrier, tcgen05_commit, tcgen05_mma, tma)
+
+from .common import causal_decay_bitmask, sequence_bounds, state_tile_offsets
+
+HAS_H0 = gl.constexpr(1)  # the bits of `flags` (kernels/__init__.py)
+STORE_HT = gl.constexpr(2)
+USE_INDICES = gl.constexpr(4)
+ROW_SKIP = gl.constexpr(0x7FFFFFFF)  # async_scatter row offset that the TMA unit skips (out of range)
+
+
+@gluon.jit
+def _row_tile_desc(base, row_stride, seq_len, BT: gl.constexpr, COLS: gl.constexpr):
+    """TMA descriptor over one head's [seq_len, COLS] rows of a token-major tensor."""
+    layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, COLS], base.dtype.element_ty)
+    return tma.make_tensor_descriptor(base, [gl.maximum(seq_len, 1), COLS], [row_stride, 1], [BT, COLS], layout)
+
+
+@gluon.jit
+def _issue_chunk_loads(q_desc, k_desc, w_desc, u_desc, row, bar, q_buf, k_buf, w_buf, u_buf):
+    mbarrier.expect(bar, q_desc.block_type.nbytes + k_desc.block_type.nbytes + w_desc.block_type.nbytes
+                    + u_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [row, 0], bar, q_buf)
+    tma.async_copy_global_to_shared(k_desc, [row, 0], bar, k_buf)
+    tma.async_copy_global_to_shared(w_desc, [row, 0], bar, w_buf)
+    tma.async_copy_global_to_shared(u_desc, [row, 0], bar, u_buf)
+
+
+@gluon.jit
+def _operands_ready():
+    """Every warp's shared-memory (and TMEM) stores are visible to the async proxy before one thread issues."""
+    fence_async_shared()
+    gl.thread_barrier()
+
+
+@gluon.jit
+def _store_state(ht, h_tmem, stage, slot, i_hv, i_v, HV, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr,
+                 TRANSPOSE_STATE: gl.constexpr, num_warps: gl.constexpr):
+    """Final state tile [K, BV] fp32 from TMEM to ht[slot, i_hv] by TMA, in two [K, BV/2] column halves.
+
+    `stage` is K * BV * 2 bytes of shared memory (the bf16 h operand buffer, free after the loop): exactly one
+    fp32 half tile. Transposed state ([V, K] in HBM): the half tile is staged as [BV/2, K] and written through
+    its permuted view, so the TMA store writes rows of K contiguous floats.
+    """
+    HB: gl.constexpr = BV // 2
+    tm_half: gl.constexpr = TensorMemoryLayout(block=(K, HB), col_stride=1)
+    reg_half: gl.constexpr = get_tmem_reg_layout(gl.float32, [K, HB], tm_half, num_warps)
+    base = ht + (slot.to(gl.int64) * HV + i_hv) * (K * V)
+    if TRANSPOSE_STATE:
+        st_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HB, K], gl.float32)
+        st_smem = stage._reinterpret(gl.float32, [HB, K], st_layout)
+        desc = tma.make_tensor_descriptor(base, [V, K], [K, 1], [HB, K], st_layout)
+    else:
+        st_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([K, HB], gl.float32)
+        st_smem = stage._reinterpret(gl.float32, [K, HB], st_layout)
+        desc = tma.make_tensor_descriptor(base, [K, V], [V, 1], [K, HB], st_layout)
+    for half in gl.static_range(2):
+        h_half = h_tmem.slice(half * HB, HB).load(reg_half)
+        tma.store_wait(0)  # the previous half has left the staging tile
+        gl.thread_barrier()
+        if TRANSPOSE_STATE:
+            st_smem.permute((1, 0)).store(h_half)
+        else:
+            st_smem.store(h_half)
+        _operands_ready()
+        if TRANSPOSE_STATE:
+            tma.async_copy_shared_to_global(desc, [i_v * BV + half * HB, 0], st_smem)
+        else:
+            tma.async_copy_shared_to_global(desc, [0, i_v * BV + half * HB], st_smem)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def scan_kernel(q, k, w, u, gam, cu_seqlens, h0, ht, state_indices, o, scale, T, H, HV, flags,
+                K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, IS_VARLEN: gl.constexpr,
+                TRANSPOSE_STATE: gl.constexpr, num_warps: gl.constexpr):
+    gl.static_assert(BT == 64, "tcgen05 M = 64 for the chunk-row products")
+    gl.static_assert(K == 128, "the state update k^T v_dec is one M = 128 tcgen05 MMA")
+    dtype: gl.constexpr = q.dtype.element_ty
+    i_n = gl.program_id(0)
+    i_hv = gl.program_id(1)
+    i_v = gl.program_id(2)
+    i_h = i_hv // (HV // H)
+    bos, seq_len = sequence_bounds(i_n, cu_seqlens, T, IS_VARLEN)
+    n_chunks = gl.cdiv(seq_len, BT)
+
+    # --- tensor memory: accumulators and the register layouts of their tcgen05.ld / tcgen05.st.
+    tm_tv: gl.constexpr = TensorMemoryLayout(block=(BT, BV), col_stride=1)
+    tm_tt: gl.constexpr = TensorMemoryLayout(block=(BT, BT), col_stride=1)
+    tm_kv: gl.constexpr = TensorMemoryLayout(block=(K, BV), col_stride=1)
+    reg_tv: gl.constexpr = get_tmem_reg_layout(gl.float32, [BT, BV], tm_tv, num_warps)
+    reg_tt: gl.constexpr = get_tmem_reg_layout(gl.float32, [BT, BT], tm_tt, num_warps)
+    HS: gl.constexpr = 64 if BV > 64 else BV  # width of the state column slices that pass through registers
+    tm_hs: gl.constexpr = TensorMemoryLayout(block=(K, HS), col_stride=1)
+    reg_hs: gl.constexpr = get_tmem_reg_layout(gl.float32, [K, HS], tm_hs, num_warps)
+    h_tmem = allocate_tensor_memory(gl.float32, [K, BV], tm_kv)
+    inter_tmem = allocate_tensor_memory(gl.float32, [BT, BV], tm_tv)  # q h
+    acc_a = allocate_tensor_memory(gl.float32, [BT, BV], tm_tv)  # w h, then (q k^T . M) v_new
+    s_tmem = allocate_tensor_memory(gl.float32, [BT, BT], tm_tt)  # q k^T
+
+    # --- the state: slot i_n, or the caller's pool slot; a negative slot starts from zero and is not written.
+    slot = i_n
+    if flags & USE_INDICES:
+        slot = gl.load(state_indices + i_n)
+    # loaded in [K, HS] column slices straight into TMEM (a whole [K, 128] tile of int64 offsets would not fit
+    # in registers): slice j of V tile i_v is V tile i_v * (BV // HS) + j of width HS
+    for j in gl.static_range(BV // HS):
+        part_offs = state_tile_offsets(slot, i_hv, i_v * (BV // HS) + j, HV, K, V, HS, TRANSPOSE_STATE, reg_hs)
+        h_tmem.slice(j * HS, HS).store(gl.load(h0 + part_offs, mask=((flags & HAS_H0) != 0) & (slot >= 0),
+                                               other=0.0))
+
+    # --- per-sequence TMA descriptors (row bound = seq_len), and one over the whole packed o for the scatter.
+    row0 = bos.to(gl.int64)
+    q_desc = _row_tile_desc(q + row0 * H * K + i_h * K, H * K, seq_len, BT, K)
+    k_desc = _row_tile_desc(k + row0 * H * K + i_h * K, H * K, seq_len, BT, K)
+    w_desc = _row_tile_desc(w + row0 * HV * K + i_hv * K, HV * K, seq_len, BT, K)
+    u_desc = _row_tile_desc(u + row0 * HV * V + i_hv * V + i_v * BV, HV * V, seq_len, BT, BV)
+    o_desc = _row_tile_desc(o + row0 * HV * V + i_hv * V + i_v * BV, HV * V, seq_len, BT, BV)
+    if IS_VARLEN:
+        total_rows = gl.load(cu_seqlens + gl.num_programs(0))
+    else:
+        total_rows = gl.num_programs(0) * T
+    o_all_desc = tma.make_tensor_descriptor(o, [gl.maximum(total_rows, 1), HV * V], [HV * V, 1], [1, BV],
+                                            o_desc.layout)
+
+    # --- shared memory: a two-stage ring for the chunk inputs, single buffers for what the MMAs exchange.
+    q_ring = gl.allocate_shared_memory(dtype, [2, BT, K], q_desc.layout)
+    k_ring = gl.allocate_shared_memory(dtype, [2, BT, K], k_desc.layout)
+    w_ring = gl.allocate_shared_memory(dtype, [2, BT, K], w_desc.layout)
+    u_ring = gl.allocate_shared_memory(dtype, [2, BT, BV], u_desc.layout)
+    h_smem = gl.allocate_shared_memory(dtype, [K, BV], gl.NVMMASharedLayout.get_default_for([K, BV], dtype))
+    v_new_smem = gl.allocate_shared_memory(dtype, [BT, BV], u_desc.layout)
+    v_dec_smem = gl.allocate_shared_memory(dtype, [BT, BV], u_desc.layout)
+    p_smem = gl.allocate_shared_memory(dtype, [BT, BT], gl.NVMMASharedLayout.get_default_for([BT, BT], dtype))
+    o_smem = gl.allocate_shared_memory(dtype, [BT, BV], o_desc.layout)
+    # barriers: 0, 1 TMA ring stages; 2 w h; 3 q k^T + q h; 4 intra output; 5 state update
+    bars = gl.allocate_shared_memory(gl.int64, [6, 1], mbarrier.MBarrierLayout())
+    for b in gl.static_range(6):
+        mbarrier.init(bars.index(b), count=1)
+    bar_wh = bars.index(2)
+    bar_sq = bars.index(3)
+    bar_o = bars.index(4)
+    bar_h = bars.index(5)
+
+    rows_tv = gl.arange(0, BT, gl.SliceLayout(1, reg_tv))
+    rows_tt = gl.arange(0, BT, gl.SliceLayout(1, reg_tt))
+    cols_tt = gl.arange(0, BT, gl.SliceLayout(0, reg_tt))
+    offs_layout: gl.constexpr = gl.SliceLayout(0, gl.BlockedLayout([1, 4], [32, 1], [1, num_warps], [1, 0]))
+    rows_sc = gl.arange(0, BT, offs_layout)
+    gam_head = gam + row0 * HV + i_hv
+
+    if n_chunks > 0:
+        _issue_chunk_loads(q_desc, k_desc, w_desc, u_desc, 0, bars.index(0),
+                           q_ring.index(0), k_ring.index(0), w_ring.index(0), u_ring.index(0))
+    for c in range(n_chunks):
+        s = c % 2
+        phase = c & 1
+        if c + 1 < n_chunks:
+            # the other stage was last read by chunk c - 1's MMAs (all waited on) and register loads
+            gl.thread_barrier()
+            _issue_chunk_loads(q_desc, k_desc, w_desc, u_desc, (c + 1) * BT, bars.index(1 - s),
+                               q_ring.index(1 - s), k_ring.index(1 - s), w_ring.index(1 - s), u_ring.index(1 - s))
+
+        # gates of the chunk (fp32 cumsum from gdn_prepare), overlapping the TMA wait
+        n_rows = seq_len - c * BT
+        gam_c = gam_head + (c * BT).to(gl.int64) * HV
+        gam_tv = gl.load(gam_c + rows_tv * HV, mask=rows_tv < n_rows, other=0.0)
+        gam_rows = gl.load(gam_c + rows_tt * HV, mask=rows_tt < n_rows, other=0.0)
+        gam_cols = gl.load(gam_c + cols_tt * HV, mask=cols_tt < n_rows, other=0.0)
+        gam_last = gl.load(gam_c + (gl.minimum(n_rows, BT) - 1) * HV)
+
+        # h: TMEM -> registers once: the bf16 operand for w h and q h, and e^gam_last h back into TMEM, where
+        # the k^T v_dec MMA of this chunk accumulates onto it
+        # (in [K, HS] column slices, HS bf16 = one 128-byte swizzle span of h_smem, to bound register use)
+        for j in gl.static_range(BV // HS):
+            h_part = h_tmem.slice(j * HS, HS).load(reg_hs)
+            h_smem.slice(j * HS, HS, dim=1).store(h_part.to(dtype))
+            h_tmem.slice(j * HS, HS).store(h_part * gl.exp(gam_last))
+
+        mbarrier.wait(bars.index(s), (c // 2) & 1)
+        q_s = q_ring.index(s)
+        k_s = k_ring.index(s)
+        _operands_ready()
+        tcgen05_mma(w_ring.index(s), h_smem, acc_a, use_acc=False)
+        tcgen05_commit(bar_wh)
+        tcgen05_mma(q_s, k_s.permute((1, 0)), s_tmem, use_acc=False)
+        tcgen05_mma(q_s, h_smem, inter_tmem, use_acc=False)
+        tcgen05_commit(bar_sq)
+
+        # v_new = u - w h, parked in shared memory (operand of the intra-chunk MMA), and its decayed copy
+        mbarrier.wait(bar_wh, phase)
+        v_new = u_ring.index(s).load(reg_tv).to(gl.float32) - acc_a.load(reg_tv)
+        v_new_smem.store(v_new.to(dtype))
+        v_dec_smem.store((v_new * gl.expand_dims(gl.exp(gam_last - gam_tv), 1)).to(dtype))
+
+        # intra-chunk scores, causally masked (16-wide bitmasks) with the decay; the 16-bit A operand of P v_new
+        mbarrier.wait(bar_sq, phase)
+        scores = s_tmem.load(reg_tt) * causal_decay_bitmask(gam_rows, gam_cols, n_rows, STRICT=False) * scale
+        p_smem.store(scores.to(dtype))
+        _operands_ready()
+        tcgen05_mma(p_smem, v_new_smem, acc_a, use_acc=False)
+        tcgen05_commit(bar_o)
+        # h = e^gam_last h + k^T v_dec, accumulated in TMEM; overlaps the output epilogue below
+        tcgen05_mma(k_s.permute((1, 0)), v_dec_smem, h_tmem, use_acc=True)
+        tcgen05_commit(bar_h)
+
+        # o = scale e^gam (q h) + P v_new, from the two accumulators
+        mbarrier.wait(bar_o, phase)
+        o_acc = inter_tmem.load(reg_tv) * gl.expand_dims(scale * gl.exp(gam_tv), 1) + acc_a.load(reg_tv)
+        tma.store_wait(0)  # the previous chunk's output has left o_smem
+        gl.thread_barrier()
+        o_smem.store(o_acc.to(dtype))
+        _operands_ready()
+        if n_rows >= BT:
+            tma.async_copy_shared_to_global(o_desc, [c * BT, 0], o_smem)
+        else:
+            # the sequence's partial last chunk: row offsets into the packed o, rows past the end skipped
+            x_offsets = gl.where(rows_sc < n_rows, bos + c * BT + rows_sc, ROW_SKIP)
+            tma.async_scatter(o_all_desc, x_offsets, i_hv * V + i_v * BV, o_smem)
+        mbarrier.wait(bar_h, phase)
+    tma.store_wait(0)
+    gl.thread_barrier()
+    for b in gl.static_range(6):
+        mbarrier.invalidate(bars.index(b))
+
+    if ((flags & STORE_HT) != 0) & (slot >= 0):
+        _store_state(ht, h_tmem, h_smem, slot, i_hv, i_v, HV, K, V, BV, TRANSPOSE_STATE, num_warps)

@@ -1,0 +1,301 @@
+"""ctypes binding of the generated launcher, lazily loaded kernels, and variant dispatch.
+
+    arts = Artifacts.for_device(q.device)                 # ArtifactSet for that GPU's arch (exact match)
+    k = arts.pick("gdn_scan", dtype="bf16", varlen=True, transpose=False, BV=arts.choose_BV("gdn_scan", n * HV, sms))
+    k.launch((n, HV, 128 // k.axes["BV"]), stream_ptr, q.data_ptr(), ..., scratch_ptr=scratch.data_ptr())
+
+The first launch of a Kernel on a device verifies the cubin's sha256 and loads its module in that device's primary
+context (once, under a lock). After that a launch is one dict-free ctypes call.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+from pathlib import Path
+
+from gdn_aot.loader.artifacts import LAUNCHER_ABI_VERSION, Manifest, arch_for_capability, find_root
+from gdn_aot.loader.errors import CorruptArtifact, DriverError, DriverTooOld, VariantNotBuilt
+
+CUDA_ERROR_NO_BINARY_FOR_GPU = 209
+CUDA_ERROR_UNSUPPORTED_PTX_VERSION = 222
+CUDA_ERROR_INVALID_IMAGE = 200
+CUDA_ERROR_INVALID_CONTEXT = 201
+
+_CTYPES = {"c_uint64": ctypes.c_uint64, "c_int64": ctypes.c_int64, "c_int32": ctypes.c_int32,
+           "c_uint32": ctypes.c_uint32, "c_float": ctypes.c_float, "c_double": ctypes.c_double}
+
+
+class KernelStruct(ctypes.Structure):
+    """Mirror of gdn_aot_kernel_t (gdn_aot_launch.h); its size is checked against the library's."""
+
+    _fields_ = [("module", ctypes.c_void_p), ("function", ctypes.c_void_p), ("num_warps", ctypes.c_uint),
+                ("shared", ctypes.c_uint), ("scratch_size", ctypes.c_uint)]
+
+
+class Launcher:
+    """The generated libgdn_aot_launch.so of one arch. Opening it needs no driver; init() does."""
+
+    _lock = threading.Lock()
+    _open: dict[str, "Launcher"] = {}
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        lib = ctypes.CDLL(str(self.path))
+        lib.gdn_aot_abi_version.restype = ctypes.c_uint
+        lib.gdn_aot_kernel_struct_size.restype = ctypes.c_uint
+        lib.gdn_aot_init.restype = ctypes.c_int
+        lib.gdn_aot_error_string.restype = ctypes.c_char_p
+        lib.gdn_aot_error_string.argtypes = [ctypes.c_int]
+        lib.gdn_aot_kernel_load.restype = ctypes.c_int
+        lib.gdn_aot_kernel_load.argtypes = [ctypes.POINTER(KernelStruct), ctypes.c_char_p, ctypes.c_char_p,
+                                            ctypes.c_uint, ctypes.c_uint, ctypes.c_uint]
+        lib.gdn_aot_kernel_unload.restype = ctypes.c_int
+        lib.gdn_aot_kernel_unload.argtypes = [ctypes.POINTER(KernelStruct)]
+        if lib.gdn_aot_abi_version() != LAUNCHER_ABI_VERSION:
+            raise CorruptArtifact(f"{path} speaks launcher ABI {lib.gdn_aot_abi_version()}, this loader "
+                                  f"{LAUNCHER_ABI_VERSION}; rebuild the artifacts")
+        if lib.gdn_aot_kernel_struct_size() != ctypes.sizeof(KernelStruct):
+            raise CorruptArtifact(f"{path}: gdn_aot_kernel_t is {lib.gdn_aot_kernel_struct_size()} bytes, the "
+                                  f"loader's mirror {ctypes.sizeof(KernelStruct)}")
+        self.lib = lib
+        self._initialized = False
+
+    @classmethod
+    def open(cls, path: Path) -> "Launcher":
+        key = str(Path(path).resolve())
+        with cls._lock:
+            if key not in cls._open:
+                cls._open[key] = cls(Path(key))
+            return cls._open[key]
+
+    def error_string(self, code: int) -> str:
+        return self.lib.gdn_aot_error_string(code).decode()
+
+    def init(self) -> None:
+        if not self._initialized:
+            r = self.lib.gdn_aot_init()
+            if r:
+                raise DriverError(f"gdn_aot_init failed: CUresult {r} ({self.error_string(r)})", r)
+            self._initialized = True
+
+    def function(self, kernel: str, params: list[dict]):
+        """The family's launch function with argtypes from the manifest's param list."""
+        fn = getattr(self.lib, f"gdn_aot_launch_{kernel}")
+        if fn.argtypes is None:
+            fn.restype = ctypes.c_int
+            fn.argtypes = [ctypes.POINTER(KernelStruct), ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint,
+                           ctypes.c_uint] + [_CTYPES[p["ctypes"]] for p in params if p["kind"] != "profile_scratch"]
+        return fn
+
+
+class Kernel:
+    """One built variant on one device. `launch()` loads the module on first use (thread-safe)."""
+
+    def __init__(self, manifest: Manifest, key: str, device_index: int):
+        entry = manifest.variants[key]
+        self.manifest = manifest
+        self.key = key
+        self.device_index = device_index
+        self.entry = entry
+        self.name = entry["kernel"]
+        self.axes = entry["axes"]
+        self.num_warps = entry["num_warps"]
+        self.shared = entry["shared"]
+        self.scratch_size = entry["global_scratch_size"]
+        self.scratch_align = entry["global_scratch_align"]
+        self.grid_rule = entry["grid"]
+        self.params = entry["params"]
+        self._lock = threading.Lock()
+        self._struct: KernelStruct | None = None
+        self._ref = None
+        self._fn = None
+
+    def __repr__(self):
+        return f"Kernel({self.key!r}, device={self.device_index})"
+
+    def scratch_bytes(self, grid) -> int:
+        """Global scratch the caller must pass for this grid (0: pass scratch_ptr=0)."""
+        return self.scratch_size * grid[0] * grid[1] * grid[2]
+
+    def load(self) -> None:
+        with self._lock:
+            if self._struct is not None:
+                return
+            image = self.manifest.read_cubin(self.key)  # verifies sha256 before the first load
+            launcher = Launcher.open(self.manifest.verify_launcher())
+            launcher.init()
+            struct = KernelStruct()
+            args = (ctypes.byref(struct), image, self.entry["entry"].encode(), self.num_warps, self.shared,
+                    self.scratch_size)
+            r = launcher.lib.gdn_aot_kernel_load(*args)
+            if r == CUDA_ERROR_INVALID_CONTEXT:  # the device's primary context is not current yet: make it so
+                r = self._load_in_torch_context(launcher, args)
+            if r:
+                raise self._load_error(launcher, r)
+            self._fn = launcher.function(self.name, self.params)
+            self._ref = ctypes.byref(struct)
+            self._struct = struct
+
+    def _load_in_torch_context(self, launcher, args) -> int:
+        import torch
+
+        with torch.cuda.device(self.device_index):
+            torch.cuda.synchronize(self.device_index)  # initialises the primary context
+            return launcher.lib.gdn_aot_kernel_load(*args)
+
+    def _load_error(self, launcher, r: int) -> Exception:
+        m = self.manifest
+        text = f"CUresult {r} ({launcher.error_string(r)})"
+        if r in (CUDA_ERROR_UNSUPPORTED_PTX_VERSION, CUDA_ERROR_NO_BINARY_FOR_GPU):
+            return DriverTooOld(
+                f"the driver refused {self.key} ({text}): the cubin is {m.arch} code from ptxas "
+                f"{m.data.get('ptxas_version')}; update the NVIDIA driver, or check the GPU is {m.arch}")
+        if r == CUDA_ERROR_INVALID_IMAGE:
+            return CorruptArtifact(f"the driver says {self.key}'s cubin is invalid ({text}); rebuild with "
+                                   f"{m.build_command()}")
+        return DriverError(f"loading {self.key} on cuda:{self.device_index} failed: {text}", r)
+
+    def launch(self, grid, stream, *args, scratch_ptr: int = 0) -> None:
+        """Launch on `stream` (a CUstream / cudaStream_t as int, 0 = legacy default) with the runtime args in
+        manifest order (pointers as ints, scalars as Python numbers)."""
+        if self._struct is None:
+            self.load()
+        r = self._fn(self._ref, stream, grid[0], grid[1], grid[2], *args, scratch_ptr)
+        if r:
+            raise DriverError(f"launching {self.key} with grid {tuple(grid)} failed: CUresult {r} "
+                              f"({Launcher.open(self.manifest.launcher_path()).error_string(r)})", r)
+
+    def unload(self) -> None:
+        with self._lock:
+            if self._struct is not None:
+                Launcher.open(self.manifest.launcher_path()).lib.gdn_aot_kernel_unload(self._ref)
+                self._struct = self._ref = self._fn = None
+
+
+class ArtifactSet:
+    """The variants built for one arch, bound to one device index."""
+
+    def __init__(self, manifest: Manifest, device_index: int = 0):
+        self.manifest = manifest
+        self.arch = manifest.arch
+        self.device_index = device_index
+        self._kernels: dict[str, Kernel] = {}
+        self._picked: dict[tuple, Kernel] = {}
+        self._lock = threading.Lock()
+
+    def __repr__(self):
+        return f"ArtifactSet({self.manifest.dir}, device={self.device_index}, {len(self.manifest.variants)} variants)"
+
+    @property
+    def keys(self) -> list[str]:
+        return list(self.manifest.variants)
+
+    def kernel(self, key: str) -> Kernel:
+        k = self._kernels.get(key)
+        if k is None:
+            if key not in self.manifest.variants:
+                raise self._not_built(f"variant {key!r}", key.split(".")[0])
+            with self._lock:
+                k = self._kernels.setdefault(key, Kernel(self.manifest, key, self.device_index))
+        return k
+
+    def dispatch(self, kernel: str) -> dict:
+        return self.manifest.dispatch.get(kernel, {})
+
+    def choose_BV(self, kernel: str, programs: int, sm_count: int) -> int | None:
+        """The spec's preference: small_batch_BV when programs (num_seqs * HV) < small_batch_factor * SMs,
+        else default_BV; None when the spec says nothing (pick() then takes any built BV)."""
+        d = self.dispatch(kernel)
+        if "small_batch_BV" in d and programs < d.get("small_batch_factor", 2) * sm_count:
+            return d["small_batch_BV"]
+        return d.get("default_BV")
+
+    def pick(self, kernel: str, *, dtype: str, K: int | None = None, V: int | None = None, varlen: bool = False,
+             transpose: bool = False, BV: int | None = None, BT: int | None = None,
+             num_warps: int | None = None) -> Kernel:
+        """The built variant for these axes: BV if built, else the spec's default_BV, else any built one."""
+        cache_key = (kernel, dtype, K, V, varlen, transpose, BV, BT, num_warps)
+        k = self._picked.get(cache_key)
+        if k is not None:
+            return k
+        want = {"dtype": dtype, "K": K, "V": V, "BT": BT, "varlen": varlen, "transpose": transpose}
+        uses = self.manifest.data.get("kernels", {}).get(kernel, {}).get("uses_axes")
+        if uses is not None:  # an axis the kernel's code ignores holds one (default) value: do not match on it
+            want = {a: x for a, x in want.items() if a in uses}
+        cands = [key for key, e in self.manifest.variants.items()
+                 if e["kernel"] == kernel and all(x is None or e["axes"][a] == x for a, x in want.items())
+                 and (num_warps is None or e["num_warps"] == num_warps)]
+        if not cands:
+            desc = ", ".join(f"{a}={x}" for a, x in want.items() if x is not None)
+            raise self._not_built(f"{kernel} with {desc}", kernel)
+        by_bv: dict[int, str] = {}
+        for key in sorted(cands, key=lambda c: (self.manifest.variants[c]["num_warps"], c)):
+            by_bv.setdefault(self.manifest.variants[key]["axes"]["BV"], key)
+        default = self.dispatch(kernel).get("default_BV")
+        chosen = by_bv.get(BV) or by_bv.get(default) or by_bv[max(by_bv)]
+        k = self.kernel(chosen)
+        self._picked[cache_key] = k
+        return k
+
+    def _not_built(self, what: str, kernel: str) -> VariantNotBuilt:
+        m = self.manifest
+        built = [k for k in m.variants if k.startswith(kernel + ".")] or list(m.variants)
+        failed = [f"{k} (log: {log})" for k, log in m.failed.items() if k.startswith(kernel + ".")]
+        return VariantNotBuilt(
+            f"{what} is not built for {m.arch} in {m.dir}. Built: {built or 'none'}."
+            + (f" Failed to compile in the last build: {failed}." if failed else "")
+            + f" Add it to a spec and run {m.build_command()}.")
+
+
+class Artifacts:
+    """Entry point: `Artifacts.for_device(device, capability=None, root=None) -> ArtifactSet`."""
+
+    _sets: dict[tuple, ArtifactSet] = {}
+    _lock = threading.Lock()
+
+    @classmethod
+    def for_device(cls, device=None, capability=None, root=None) -> ArtifactSet:
+        """ArtifactSet of the device's arch. `capability` (major, minor) overrides the query (tests fake
+        devices with it); without it torch.cuda reports the device's capability."""
+        index = _device_index(device)
+        if capability is None:
+            import torch
+
+            capability = torch.cuda.get_device_capability(index)
+        arch = arch_for_capability(capability)
+        root_path = find_root(root).resolve()
+        key = (str(root_path), arch, index)
+        s = cls._sets.get(key)
+        if s is None:
+            with cls._lock:
+                s = cls._sets.get(key)
+                if s is None:
+                    s = cls._sets[key] = ArtifactSet(Manifest(root_path, arch), index)
+        return s
+
+    @classmethod
+    def clear(cls) -> None:
+        """Forget cached sets (after rebuilding artifacts in-process)."""
+        with cls._lock:
+            cls._sets.clear()
+
+
+def _device_index(device) -> int:
+    """int | "cuda:N" | "cuda" | torch.device | None (current device) -> device index."""
+    if isinstance(device, int) and not isinstance(device, bool):
+        return device
+    if isinstance(device, str):
+        if device.startswith("cuda:"):
+            return int(device.split(":", 1)[1])
+        if device != "cuda":
+            raise ValueError(f"not a CUDA device: {device!r}")
+        device = None
+    elif device is not None:
+        if getattr(device, "type", None) != "cuda":
+            raise ValueError(f"not a CUDA device: {device!r}")
+        if device.index is not None:
+            return device.index
+        device = None
+    import torch
+
+    return torch.cuda.current_device()

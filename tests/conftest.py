@@ -1,0 +1,110 @@
+"""Shared fixtures: one real build of specs/tiny.yaml (both arches) for the whole session, and the `gpu` marker.
+
+Variants whose Gluon source module does not exist yet are expected build failures; tests that need them skip
+(set GDN_AOT_REQUIRE_ALL_KERNELS=1 to turn those skips into failures once every kernel is written).
+A variant whose source exists but failed to build is always a test failure.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+REQUIRE_ALL = os.environ.get("GDN_AOT_REQUIRE_ALL_KERNELS") == "1"
+ARCHES = ("sm_90a", "sm_100a")
+
+
+def gdn_aot_cmd() -> list[str]:
+    exe = Path(sys.executable).parent / "gdn-aot"
+    return [str(exe)] if exe.is_file() else [sys.executable, "-m", "gdn_aot.build.cli"]
+
+
+def run_cli(*args, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([*gdn_aot_cmd(), *map(str, args)], capture_output=True, text=True, **kw)
+
+
+def source_module(kernel: str, arch: str) -> str:
+    from gdn_aot.kernels import KERNELS
+    from gdn_aot.kernels.registry import arch_family
+
+    return KERNELS[kernel].sources[arch_family(arch)].split(":")[0]
+
+
+def source_exists(kernel: str, arch: str) -> bool:
+    return importlib.util.find_spec(source_module(kernel, arch)) is not None
+
+
+def build_spec(spec, out: Path, *extra) -> dict:
+    r = run_cli("build", spec, "--out", out, "--json", "-j", os.cpu_count() or 2, *extra)
+    try:
+        report = json.loads(r.stdout)
+    except ValueError:
+        raise AssertionError(f"gdn-aot build printed no JSON report (rc {r.returncode}):\n{r.stdout}\n{r.stderr}")
+    report["rc"] = r.returncode
+    report["stderr"] = r.stderr
+    return report
+
+
+@dataclasses.dataclass
+class Build:
+    out: Path
+    report: dict
+
+    def manifest(self, arch: str) -> dict:
+        return json.loads((self.out / arch / "manifest.json").read_text())
+
+    def entries(self, arch: str, kernel: str | None = None) -> dict[str, dict]:
+        return {k: e for k, e in self.manifest(arch)["variants"].items() if kernel is None or e["kernel"] == kernel}
+
+    def require(self, arch: str, kernel: str) -> dict[str, dict]:
+        """The built variants of kernel on arch; skips while its source is not written, fails if it broke."""
+        if not source_exists(kernel, arch) and not REQUIRE_ALL:
+            pytest.skip(f"{source_module(kernel, arch)} is not written yet")
+        got = self.entries(arch, kernel)
+        failed = self.manifest(arch)["failed"]
+        assert got, f"{kernel} on {arch} did not build; logs: " + ", ".join(
+            str(self.out / arch / log) for k, log in failed.items() if k.startswith(kernel + "."))
+        return got
+
+    def unexpected_failures(self) -> list[str]:
+        return [v["key"] for v in self.report["variants"] if v["status"] == "failed"
+                and (REQUIRE_ALL or source_exists(v["key"].split(".")[0], v["arch"]))]
+
+
+@pytest.fixture(scope="session")
+def tiny_build(tmp_path_factory) -> Build:
+    out = tmp_path_factory.mktemp("tiny") / "artifacts"
+    return Build(out, build_spec(REPO / "specs" / "tiny.yaml", out))
+
+
+@pytest.fixture
+def tiny_copy(tiny_build, tmp_path) -> Build:
+    """A private copy of the tiny build, for tests that tamper with it."""
+    dst = tmp_path / "artifacts"
+    shutil.copytree(tiny_build.out, dst)
+    return Build(dst, tiny_build.report)
+
+
+def _has_gpu() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if any("gpu" in item.keywords for item in items) and not _has_gpu():
+        skip = pytest.mark.skip(reason="needs an NVIDIA GPU (torch.cuda.is_available() is False)")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)

@@ -1,0 +1,122 @@
+"""Reference implementations of the GDN forward (docs/gdn-math.md), for tests and benchmarks only.
+
+- recurrence_fp64: the token recurrence in float64 numpy: the ground truth.
+- chunked_fp64: the chunked equations in float64 numpy (tests check it equals the recurrence to 1e-12).
+- chunked_torch: the chunked equations in torch at fp32 (fast enough for 64K-token GPU checks), same math.
+All take packed varlen inputs (B = 1 folded away): q, k [T, H, K], v [T, HV, V], g, beta [T, HV],
+cu_seqlens [N + 1], h0 [N, HV, K, V] or None; return o [T, HV, V], ht [N, HV, K, V].
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def _expand_heads(x, hv):
+    return np.repeat(x, hv // x.shape[1], axis=1)
+
+
+def l2norm_np(x, eps=1e-6):
+    return x / np.sqrt((x * x).sum(-1, keepdims=True) + eps)
+
+
+def recurrence_fp64(q, k, v, g, beta, cu_seqlens, h0=None, scale=None, l2norm=False):
+    q, k, v, g, beta = (np.asarray(x, dtype=np.float64) for x in (q, k, v, g, beta))
+    if l2norm:
+        q, k = l2norm_np(q), l2norm_np(k)
+    T, HV, V = v.shape
+    K = q.shape[-1]
+    scale = K ** -0.5 if scale is None else scale
+    q, k = _expand_heads(q, HV), _expand_heads(k, HV)
+    n = len(cu_seqlens) - 1
+    o = np.zeros((T, HV, V))
+    ht = np.zeros((n, HV, K, V))
+    for s in range(n):
+        S = np.zeros((HV, K, V)) if h0 is None else np.array(h0[s], dtype=np.float64)
+        for t in range(int(cu_seqlens[s]), int(cu_seqlens[s + 1])):
+            S = S * np.exp(g[t])[:, None, None]
+            v_new = beta[t][:, None] * (v[t] - np.einsum("hkv,hk->hv", S, k[t]))
+            S = S + np.einsum("hk,hv->hkv", k[t], v_new)
+            o[t] = np.einsum("hkv,hk->hv", S, q[t] * scale)
+        ht[s] = S
+    return o, ht
+
+
+def chunked_fp64(q, k, v, g, beta, cu_seqlens, h0=None, scale=None, l2norm=False, BT=64):
+    """The seven lines of the chunked form, one chunk at a time, in float64."""
+    q, k, v, g, beta = (np.asarray(x, dtype=np.float64) for x in (q, k, v, g, beta))
+    if l2norm:
+        q, k = l2norm_np(q), l2norm_np(k)
+    T, HV, V = v.shape
+    K = q.shape[-1]
+    scale = K ** -0.5 if scale is None else scale
+    q, k = _expand_heads(q, HV), _expand_heads(k, HV)
+    n = len(cu_seqlens) - 1
+    o = np.zeros((T, HV, V))
+    ht = np.zeros((n, HV, K, V))
+    for s in range(n):
+        for hv in range(HV):
+            h = np.zeros((K, V)) if h0 is None else np.array(h0[s, hv], dtype=np.float64)
+            for c0 in range(int(cu_seqlens[s]), int(cu_seqlens[s + 1]), BT):
+                sl = slice(c0, min(c0 + BT, int(cu_seqlens[s + 1])))
+                qc, kc, vc, bc = q[sl, hv], k[sl, hv], v[sl, hv], beta[sl, hv]
+                gam = np.cumsum(g[sl, hv])
+                diff = gam[:, None] - gam[None, :]
+                lower = np.tril(np.ones_like(diff), -1) > 0
+                A = np.where(lower, bc[:, None] * (kc @ kc.T) * np.exp(np.where(lower, diff, 0)), 0)
+                Tc = np.linalg.inv(np.eye(len(gam)) + A)
+                u = Tc @ (bc[:, None] * vc)
+                w = Tc @ (bc[:, None] * np.exp(gam)[:, None] * kc)
+                v_new = u - w @ h
+                causal = np.tril(np.ones_like(diff)) > 0
+                M = np.where(causal, np.exp(np.where(causal, diff, 0)), 0)
+                o[sl, hv] = scale * ((qc * np.exp(gam)[:, None]) @ h + ((qc @ kc.T) * M) @ v_new)
+                h = np.exp(gam[-1]) * h + kc.T @ (np.exp(gam[-1] - gam)[:, None] * v_new)
+            ht[s, hv] = h
+    return o, ht
+
+
+def chunked_torch(q, k, v, g, beta, cu_seqlens, h0=None, scale=None, l2norm=False, BT=64):
+    """chunked_fp64 in torch fp32 (any device), vectorised over value heads; for large GPU cases."""
+    import torch
+
+    q, k, v, g, beta = (x.float() for x in (q, k, v, g, beta))
+    if l2norm:
+        q = q / torch.sqrt((q * q).sum(-1, keepdim=True) + 1e-6)
+        k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+    T, HV, V = v.shape
+    K = q.shape[-1]
+    scale = K ** -0.5 if scale is None else scale
+    q = q.repeat_interleave(HV // q.shape[1], dim=1)
+    k = k.repeat_interleave(HV // k.shape[1], dim=1)
+    cu = [int(x) for x in cu_seqlens]
+    o = torch.zeros(T, HV, V, device=v.device)
+    ht = torch.zeros(len(cu) - 1, HV, K, V, device=v.device)
+    eye = torch.eye(BT, device=v.device)
+    for s in range(len(cu) - 1):
+        h = torch.zeros(HV, K, V, device=v.device) if h0 is None else h0[s].float().clone()
+        for c0 in range(cu[s], cu[s + 1], BT):
+            c1 = min(c0 + BT, cu[s + 1])
+            n = c1 - c0
+            qc, kc, vc = q[c0:c1].transpose(0, 1), k[c0:c1].transpose(0, 1), v[c0:c1].transpose(0, 1)
+            bc, gam = beta[c0:c1].T, torch.cumsum(g[c0:c1].T, dim=-1)  # [HV, n]
+            diff = gam[:, :, None] - gam[:, None, :]
+            lower = torch.tril(torch.ones(n, n, device=v.device, dtype=torch.bool), -1)
+            causal = torch.tril(torch.ones(n, n, device=v.device, dtype=torch.bool))
+            A = torch.where(lower, bc[:, :, None] * (kc @ kc.transpose(1, 2)) * torch.exp(diff.masked_fill(~lower, 0)), 0)
+            Tc = torch.linalg.solve_triangular(eye[:n, :n] + A, eye[:n, :n].expand(HV, n, n), upper=False,
+                                               unitriangular=True)
+            u = Tc @ (bc[..., None] * vc)
+            w = Tc @ ((bc * torch.exp(gam))[..., None] * kc)
+            v_new = u - w @ h
+            M = torch.where(causal, torch.exp(diff.masked_fill(~causal, 0)), 0)
+            o[c0:c1] = (scale * ((qc * torch.exp(gam)[..., None]) @ h + ((qc @ kc.transpose(1, 2)) * M) @ v_new)).transpose(0, 1)
+            h = torch.exp(gam[:, -1])[:, None, None] * h + kc.transpose(1, 2) @ (torch.exp(gam[:, -1:] - gam)[..., None] * v_new)
+        ht[s] = h
+    return o, ht
+
+
+def rel_max_err(x, ref):
+    """max |x - ref| / max |ref| (the tolerance measure of docs/gdn-math.md)."""
+    x = np.asarray(x, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    return float(np.abs(x - ref).max() / max(np.abs(ref).max(), 1e-30))

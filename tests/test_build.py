@@ -1,0 +1,140 @@
+"""The real build of specs/tiny.yaml: outcome, artifacts, incremental rebuild, reproducibility, failure reports."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from gdn_aot.build import cli, compile as compile_mod
+from gdn_aot.build.manifest import TSV_COLUMNS
+from gdn_aot.build.spec import load_spec
+from gdn_aot.kernels import KERNELS
+from gdn_aot.kernels.registry import KernelDef
+from gdn_aot.loader.artifacts import LAUNCHER_ABI_VERSION, MANIFEST_SCHEMA_VERSION
+
+from conftest import ARCHES, REPO, build_spec, source_exists, source_module
+
+KERNEL_ARCH = [(k, a) for a in ARCHES for k in ("gdn_l2norm", "gdn_prepare", "gdn_scan")]
+
+
+def test_no_unexpected_failures(tiny_build):
+    """Only variants whose kernel source is not written yet may fail; the build then exits 1 naming them."""
+    assert tiny_build.unexpected_failures() == [], tiny_build.report["stderr"]
+    failed = [v for v in tiny_build.report["variants"] if v["status"] == "failed"]
+    assert tiny_build.report["rc"] == (1 if failed else 0)
+    for v in failed:
+        assert (tiny_build.out / v["log"]).is_file()
+        assert "does not exist" in v["error"] and source_module(v["key"].split(".")[0], v["arch"]) in v["error"]
+
+
+@pytest.mark.parametrize("kernel, arch", KERNEL_ARCH)
+def test_every_written_kernel_built(tiny_build, kernel, arch):
+    entries = tiny_build.require(arch, kernel)
+    expected = 2 if kernel == "gdn_scan" else 1  # tiny.yaml: both state layouts of gdn_scan
+    assert len(entries) == expected
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_manifest_contents(tiny_build, arch):
+    m = tiny_build.manifest(arch)
+    assert m["schema_version"] == MANIFEST_SCHEMA_VERSION and m["arch"] == arch
+    assert m["launcher"]["abi_version"] == LAUNCHER_ABI_VERSION
+    assert m["triton_version"] == "3.6.0"
+    assert m["ptxas_version"].startswith("12.8" if arch == "sm_90a" else "12.9")
+    assert len(m["spec"]["sha256"]) == 64 and m["spec"]["path"].endswith("tiny.yaml")
+    assert m["dispatch"] == load_spec(REPO / "specs" / "tiny.yaml").dispatch.get(arch, {})
+    assert set(m["kernels"]) == {"gdn_l2norm", "gdn_prepare", "gdn_scan"}
+    for key, e in m["variants"].items():
+        kd = KERNELS[e["kernel"]]
+        assert e["key"] == key and e["axes"]["arch"] == arch and e["grid"] == kd.grid
+        path = tiny_build.out / arch / e["cubin"]["path"]
+        assert path.name == f"{e['cubin']['sha256']}.cubin" and path.stat().st_size == e["cubin"]["size"]
+        assert e["num_warps"] == e["axes"]["num_warps"] and e["num_stages"] == e["axes"]["num_stages"]
+        assert [p["name"] for p in e["params"]] == [n for n, _ in kd.params] + ["global_scratch", "profile_scratch"]
+        assert e["profile_scratch_size"] == 0
+        assert e["global_scratch_size"] == 0 or e["global_scratch_align"] <= 128
+        assert e["resources"]["registers"] > 0 and len(e["input_hash"]) == 64
+        assert e["sass"]["total"] > 0
+    launcher = tiny_build.out / arch / "launcher"
+    assert {p.name for p in launcher.iterdir()} == {"gdn_aot_launch.h", "gdn_aot_launch.c", "libgdn_aot_launch.so"}
+    header = (launcher / "gdn_aot_launch.h").read_text()
+    assert f"#define GDN_AOT_LAUNCHER_ABI_VERSION {LAUNCHER_ABI_VERSION}" in header
+    for name in ("gdn_l2norm", "gdn_prepare", "gdn_scan"):  # one function per family, built or not
+        assert f"CUresult gdn_aot_launch_{name}(const gdn_aot_kernel_t *kern, CUstream stream" in header
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_kernels_tsv(tiny_build, arch):
+    lines = (tiny_build.out / arch / "kernels.tsv").read_text().splitlines()
+    assert lines[0] == "#" + "\t".join(TSV_COLUMNS)
+    m = tiny_build.manifest(arch)
+    rows = [ln.split("\t") for ln in lines[1:]]
+    assert sorted(r[0] for r in rows) == sorted(m["variants"])
+    for r in rows:
+        e = m["variants"][r[0]]
+        assert r[1:8] == [e["kernel"], e["entry"], e["cubin"]["path"], str(e["num_warps"]), str(e["shared"]),
+                          str(e["global_scratch_size"]), str(e["global_scratch_align"])]
+
+
+def test_incremental_rebuild_reuses_everything(tiny_build):
+    before = {a: tiny_build.manifest(a) for a in ARCHES}
+    report = build_spec(REPO / "specs" / "tiny.yaml", tiny_build.out)
+    built = sum(len(m["variants"]) for m in before.values())
+    assert report["compiled"] == 0 and report["up_to_date"] == built
+    assert report["launchers_compiled"] == []
+    assert report["wall_s"] < 30
+    for a in ARCHES:
+        assert tiny_build.manifest(a)["variants"] == before[a]["variants"]
+
+
+def test_reproducible(tiny_build, tmp_path):
+    """Same inputs, fresh output dir and private triton cache -> byte-identical cubins and launcher."""
+    report = build_spec(REPO / "specs" / "tiny.yaml", tmp_path / "again")
+    assert report["up_to_date"] == 0
+    for a in ARCHES:
+        first = tiny_build.manifest(a)
+        second = json.loads((tmp_path / "again" / a / "manifest.json").read_text())
+        assert {k: e["cubin"]["sha256"] for k, e in second["variants"].items()} == \
+               {k: e["cubin"]["sha256"] for k, e in first["variants"].items()}
+        assert second["launcher"]["files"] == first["launcher"]["files"]
+
+
+def test_failed_variant_is_reported_and_the_rest_builds(tmp_path, monkeypatch):
+    """A broken variant gets a log, is left out of the manifest, and the CLI exits 1 naming it."""
+    base = KERNELS["gdn_l2norm"]
+    monkeypatch.setitem(KERNELS, "gdn_broken", KernelDef(
+        name="gdn_broken", params=base.params, constexprs=base.constexprs,
+        sources={"sm90": "gdn_aot.kernels.no_such_module:k"}, grid="(1, 1, 1)", uses_axes=base.uses_axes))
+    spec = tmp_path / "s.yaml"
+    spec.write_text("K: 128\nV: 128\narches: [sm_90a]\nkernels:\n  gdn_l2norm: {dtype: bf16}\n"
+                    "  gdn_broken: {dtype: bf16}\n")
+    out = tmp_path / "out"
+    r = CliRunner().invoke(cli.main, ["build", str(spec), "--out", str(out), "-j", "2"])
+    assert r.exit_code == 1, r.output
+    assert "FAILED" in r.output and "gdn_broken.sm_90a" in r.output and "1 compiled" in r.output
+    m = json.loads((out / "sm_90a" / "manifest.json").read_text())
+    assert [e["kernel"] for e in m["variants"].values()] == ["gdn_l2norm"]
+    (key, log), = m["failed"].items()
+    assert key.startswith("gdn_broken.") and "no_such_module" in (out / "sm_90a" / log).read_text()
+    assert "gdn_aot_launch_gdn_broken" in (out / "sm_90a" / "launcher" / "gdn_aot_launch.h").read_text()
+
+
+def test_worker_crash_is_contained(tmp_path, monkeypatch):
+    """A worker that dies (as LLVM aborts do) fails its variant only, with the output as its log."""
+    from gdn_aot.build.spec import parse_spec
+
+    spec = parse_spec({"K": 128, "V": 128, "arches": ["sm_90a"], "kernels": {"gdn_l2norm": {"dtype": ["bf16", "fp16"]}}})
+    real_run = compile_mod.subprocess.run
+
+    def run(cmd, **kw):
+        if '"fp16"' in kw.get("input", ""):
+            cmd = [cmd[0], "-c", "import os, sys; print('LLVM ERROR: boom', file=sys.stderr); os.abort()"]
+        return real_run(cmd, **kw)
+
+    monkeypatch.setattr(compile_mod.subprocess, "run", run)
+    rep = compile_mod.build(spec, ("sm_90a",), tmp_path / "out", jobs=2)
+    status = {r.variant.dtype: r for r in rep.results}
+    assert status["bf16"].status == "compiled" and status["fp16"].status == "failed"
+    assert "signal" in status["fp16"].error
+    assert "LLVM ERROR: boom" in (tmp_path / "out" / status["fp16"].log).read_text()

@@ -1,0 +1,199 @@
+"""The loader on a CPU machine: dispatch on faked capabilities, picking, typed errors, tamper detection, and
+the launcher library opened without a driver. The loader never imports triton."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from gdn_aot.loader import (
+    Artifacts, ArtifactsNotFound, CorruptArtifact, DriverError, Launcher, Manifest, UnsupportedDevice,
+    VariantNotBuilt, arch_for_capability, find_root,
+)
+from gdn_aot.loader.artifacts import LAUNCHER_ABI_VERSION
+
+from conftest import run_cli
+
+
+@pytest.fixture(autouse=True)
+def _fresh_sets():
+    Artifacts.clear()
+    yield
+    Artifacts.clear()
+
+
+@pytest.mark.parametrize("cap, arch", [((9, 0), "sm_90a"), ((10, 0), "sm_100a")])
+def test_exact_capability_match(tiny_build, cap, arch):
+    assert arch_for_capability(cap) == arch
+    s = Artifacts.for_device("cuda:1", capability=cap, root=tiny_build.out)
+    assert s.arch == arch and s.device_index == 1
+    assert Artifacts.for_device(1, capability=cap, root=tiny_build.out) is s
+
+
+@pytest.mark.parametrize("cap", [(10, 3), (12, 0), (8, 0), (9, 1), (11, 0)])
+def test_other_capabilities_are_unsupported(tiny_build, cap):
+    with pytest.raises(UnsupportedDevice) as ei:
+        Artifacts.for_device(0, capability=cap, root=tiny_build.out)
+    msg = str(ei.value)
+    assert f"sm_{cap[0]}{cap[1]}" in msg and "sm_90a" in msg and "sm_100a" in msg and "no fallback" in msg
+
+
+def test_pick(tiny_build):
+    s = Artifacts.for_device(0, capability=(9, 0), root=tiny_build.out)
+    tiny_build.require("sm_90a", "gdn_scan")
+    default_bv = s.dispatch("gdn_scan")["default_BV"]
+    k = s.pick("gdn_scan", dtype="bf16", varlen=True, transpose=True)
+    assert k.key.startswith("gdn_scan.sm_90a.bf16.") and ".vk." in k.key and k.axes["BV"] == default_bv
+    assert s.pick("gdn_scan", dtype="bf16", varlen=True, transpose=True) is k  # cached per axes
+    assert s.pick("gdn_scan", dtype="bf16", varlen=True, transpose=True, BV=32) is k  # BV 32 not built: default
+    assert s.pick("gdn_scan", dtype="bf16", varlen=True, transpose=True, BV=default_bv) is k
+    assert s.pick("gdn_scan", dtype="bf16", varlen=True, transpose=False, K=128, V=128).key.count(".kv.") == 1
+    assert s.kernel(k.key) is k
+    assert k.scratch_bytes((2, 3, 1)) == 6 * k.scratch_size
+    assert k.params[-1]["name"] == "profile_scratch" and k.grid_rule == "(num_seqs, HV, V // BV)"
+    # l2norm ignores varlen (not among its uses_axes): any value finds the one built variant
+    assert s.pick("gdn_l2norm", dtype="bf16", varlen=True).name == "gdn_l2norm"
+
+
+def test_choose_bv(tiny_build):
+    s = Artifacts.for_device(0, capability=(9, 0), root=tiny_build.out)
+    assert s.choose_BV("gdn_scan", programs=4, sm_count=132) == s.dispatch("gdn_scan")["default_BV"]  # tiny.yaml
+    s.manifest.dispatch = {"gdn_scan": {"default_BV": 128, "small_batch_BV": 64, "small_batch_factor": 2}}
+    assert s.choose_BV("gdn_scan", programs=32, sm_count=132) == 64
+    assert s.choose_BV("gdn_scan", programs=1024, sm_count=132) == 128
+    assert s.choose_BV("gdn_prepare", programs=1, sm_count=132) is None
+
+
+def test_variant_not_built_says_what_exists_and_how_to_build(tiny_build):
+    s = Artifacts.for_device(0, capability=(9, 0), root=tiny_build.out)
+    with pytest.raises(VariantNotBuilt) as ei:
+        s.pick("gdn_scan", dtype="fp16", varlen=True)
+    msg = str(ei.value)
+    assert "dtype=fp16" in msg and "sm_90a" in msg
+    assert "gdn-aot build" in msg and "--arch sm_90" in msg and "make build ARCH=sm_90" in msg
+    assert any(k in msg for k in s.keys)
+    with pytest.raises(VariantNotBuilt, match="not built"):
+        s.kernel("gdn_scan.sm_90a.nope")
+
+
+def test_artifacts_not_found(tmp_path, tiny_build, monkeypatch):
+    monkeypatch.delenv("GDN_AOT_ARTIFACTS", raising=False)
+    with pytest.raises(ArtifactsNotFound) as ei:
+        find_root(tmp_path / "nothing")
+    assert "gdn-aot build specs/qwen35.yaml" in str(ei.value) and "make build" in str(ei.value)
+    # a root holding only sm_100a: asking for sm_90a names what is there and the command for sm_90
+    only = tmp_path / "only100"
+    only.mkdir()
+    (only / "sm_100a").symlink_to(tiny_build.out / "sm_100a")
+    with pytest.raises(ArtifactsNotFound) as ei:
+        Manifest(only, "sm_90a")
+    assert "sm_100a" in str(ei.value) and "--arch sm_90" in str(ei.value)
+
+
+def test_root_precedence(tmp_path, tiny_build, monkeypatch):
+    monkeypatch.delenv("GDN_AOT_ARTIFACTS", raising=False)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ArtifactsNotFound):
+        find_root()
+    (tmp_path / "artifacts").symlink_to(tiny_build.out)
+    assert find_root() == tmp_path / "artifacts"  # ./artifacts, last resort
+    other = tmp_path / "other"
+    other.symlink_to(tiny_build.out)
+    monkeypatch.setenv("GDN_AOT_ARTIFACTS", str(other))
+    assert find_root() == other  # env beats ./artifacts
+    assert find_root(tiny_build.out) == tiny_build.out  # explicit beats env
+    monkeypatch.setenv("GDN_AOT_ARTIFACTS", str(tmp_path / "missing"))
+    with pytest.raises(ArtifactsNotFound, match="GDN_AOT_ARTIFACTS"):
+        find_root()  # a set but wrong env var does not silently fall through
+
+
+def test_manifest_version_checks(tiny_copy):
+    path = tiny_copy.out / "sm_90a" / "manifest.json"
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps({**data, "schema_version": 99}))
+    with pytest.raises(CorruptArtifact, match="schema 99"):
+        Manifest(tiny_copy.out, "sm_90a")
+    path.write_text(json.dumps({**data, "launcher": {**data["launcher"], "abi_version": 99}}))
+    with pytest.raises(CorruptArtifact, match="launcher ABI 99"):
+        Manifest(tiny_copy.out, "sm_90a")
+    path.write_text("{")
+    with pytest.raises(CorruptArtifact, match="not valid JSON"):
+        Manifest(tiny_copy.out, "sm_90a")
+
+
+def test_verify_ok(tiny_build):
+    r = run_cli("verify", tiny_build.out)
+    assert r.returncode == 0, r.stderr
+    assert "OK" in r.stdout
+
+
+def test_tampered_cubin_is_detected(tiny_copy):
+    m = Manifest(tiny_copy.out, "sm_90a")
+    key = next(iter(m.variants))
+    cubin = m.cubin_path(key)
+    data = bytearray(cubin.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    cubin.write_bytes(bytes(data))
+    r = run_cli("verify", tiny_copy.out)
+    assert r.returncode == 1 and cubin.name in r.stderr and key in r.stderr
+    s = Artifacts.for_device(0, capability=(9, 0), root=tiny_copy.out)
+    with pytest.raises(CorruptArtifact, match="sha256"):
+        s.kernel(key).load()  # checked before anything reaches the driver
+
+
+def test_tampered_launcher_is_detected(tiny_copy):
+    so = tiny_copy.out / "sm_100a" / "launcher" / "libgdn_aot_launch.so"
+    so.write_bytes(so.read_bytes() + b"\0")
+    r = run_cli("verify", tiny_copy.out)
+    assert r.returncode == 1 and "libgdn_aot_launch.so" in r.stderr
+    with pytest.raises(CorruptArtifact):
+        Manifest(tiny_copy.out, "sm_100a").verify_launcher()
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_launcher_library_opens_without_a_driver(tiny_build, arch):
+    lib = Launcher.open(Manifest(tiny_build.out, arch).verify_launcher())
+    assert lib.lib.gdn_aot_abi_version() == LAUNCHER_ABI_VERSION
+    assert lib.error_string(0) == "no error"
+    for kernel in ("gdn_l2norm", "gdn_prepare", "gdn_scan"):
+        assert hasattr(lib.lib, f"gdn_aot_launch_{kernel}")
+    if not os.path.exists("/dev/nvidiactl"):
+        with pytest.raises(DriverError, match="gdn_aot_init failed"):
+            lib.init()
+
+
+def test_loader_never_imports_triton(tiny_build, tmp_path):
+    """Opening artifacts, picking a variant and loading the launcher .so leave triton (and the build) unimported."""
+    script = textwrap.dedent(f"""
+        import json, sys
+        import gdn_aot
+        from gdn_aot.loader import Artifacts, Launcher
+        s = Artifacts.for_device(0, capability=(9, 0), root={str(tiny_build.out)!r})
+        k = s.pick("gdn_l2norm", dtype="bf16")
+        lib = Launcher.open(s.manifest.verify_launcher())
+        assert lib.lib.gdn_aot_abi_version() == 1
+        print(json.dumps({{"key": k.key, "modules": sorted(m for m in sys.modules if m.split(".")[0] in
+                           ("triton", "torch") or m.startswith("gdn_aot.build") or m.startswith("gdn_aot.kernels"))}}))
+    """)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["key"].startswith("gdn_l2norm.sm_90a.bf16")
+    assert out["modules"] == [], f"the loader imported {out['modules']}"
+
+
+@pytest.mark.gpu
+def test_l2norm_through_the_loader_on_gpu(tiny_build):
+    import torch
+
+    s = Artifacts.for_device(0, root=tiny_build.out)
+    k = s.pick("gdn_l2norm", dtype="bf16")
+    x = torch.randn(1000, 128, device="cuda", dtype=torch.bfloat16)
+    y = torch.empty_like(x)
+    k.launch(((1000 + 63) // 64, 1, 1), torch.cuda.current_stream().cuda_stream, x.data_ptr(), y.data_ptr(), 1000)
+    ref = x.float() / torch.sqrt((x.float() ** 2).sum(-1, keepdim=True) + 1e-6)
+    torch.testing.assert_close(y.float(), ref, atol=2e-2, rtol=2e-2)

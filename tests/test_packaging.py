@@ -1,0 +1,66 @@
+"""Packaging: one `gdn_aot` namespace in the wheel, a cheap `import gdn_aot`, the console script."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import zipfile
+
+from conftest import REPO, run_cli
+
+
+def test_wheel_layout(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                        "-w", str(tmp_path), str(REPO)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    (whl,) = tmp_path.glob("gdn_aot-*.whl")
+    names = zipfile.ZipFile(whl).namelist()
+    tops = {n.split("/")[0] for n in names}
+    assert {t for t in tops if not t.endswith(".dist-info")} == {"gdn_aot"}, tops  # nothing else top-level
+    for need in ("gdn_aot/__init__.py", "gdn_aot/kernels/registry.py", "gdn_aot/kernels/l2norm.py",
+                 "gdn_aot/build/cli.py", "gdn_aot/build/templates/gdn_aot_launch.h.j2",
+                 "gdn_aot/build/templates/gdn_aot_launch.c.j2", "gdn_aot/loader/runtime.py",
+                 "gdn_aot/specs/qwen35.yaml", "gdn_aot/specs/tiny.yaml"):
+        assert need in names, need
+    assert not any("_root.py" in n or "__pycache__" in n for n in names)
+    meta = zipfile.ZipFile(whl).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
+    assert "gdn-aot = gdn_aot.build.cli:main" in meta
+
+
+def test_import_is_cheap(tmp_path):
+    script = ("import json, sys, gdn_aot; print(json.dumps([m for m in sys.modules "
+              "if m.split('.')[0] in ('torch', 'triton', 'numpy', 'yaml', 'jinja2')]))")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == []
+    r = subprocess.run([sys.executable, "-c", "import gdn_aot; print(gdn_aot.__all__)"], capture_output=True,
+                       text=True, cwd=tmp_path)
+    assert "chunk_gated_delta_rule" in r.stdout
+
+
+def test_cli_help():
+    for args in (["--help"], ["build", "--help"], ["list", "--help"], ["verify", "--help"], ["inspect", "--help"]):
+        r = run_cli(*args)
+        assert r.returncode == 0 and "Example" in r.stdout, (args, r.stdout, r.stderr)
+
+
+def test_cli_list_and_inspect(tiny_build):
+    r = run_cli("list", tiny_build.out, "--json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    built = [row for row in rows if row["status"] == "ok"]
+    assert {row["arch"] for row in built} == {"sm_90a", "sm_100a"}
+    assert all({"BT", "BV", "dtype", "warps", "shared", "regs", "spills", "cubin_bytes"} <= set(row) for row in built)
+    assert run_cli("list", tiny_build.out).returncode == 0
+    key = built[0]["key"]
+    r = run_cli("inspect", tiny_build.out, key)
+    assert r.returncode == 0 and key in r.stdout and "gdn_aot_launch_" in r.stdout and "SASS:" in r.stdout
+    r = run_cli("inspect", tiny_build.out, "no-such-variant")
+    assert r.returncode == 1 and "no variant matches" in r.stderr
+
+
+def test_cli_spec_error(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("K: 128\nV: 128\narches: [sm_90a]\nkernels:\n  gdn_scan: {dtype: bf16, BT: 48}\n")
+    r = run_cli("build", bad, "--out", tmp_path / "o")
+    assert r.returncode == 2 and "kernels.gdn_scan.BT" in r.stderr and "48" in r.stderr and str(bad) in r.stderr

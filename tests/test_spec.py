@@ -1,0 +1,147 @@
+"""Spec parsing and validation: every error names the file, the key path and the bad value."""
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from gdn_aot.build.spec import SpecError, load_spec, parse_spec, resolve_arches
+from gdn_aot.kernels import KERNELS
+from gdn_aot.kernels.registry import KernelDef
+
+from conftest import REPO
+
+BASE = """
+K: 128
+V: 128
+arches: [sm_90a, sm_100a]
+kernels:
+  gdn_scan:
+    BV: [64, 128]
+    dtype: [bf16, fp16]
+    varlen: [true, false]
+    transpose: [false, true]
+"""
+
+
+def write(tmp_path, text, name="spec.yaml"):
+    p = tmp_path / name
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+def spec_error(tmp_path, text) -> SpecError:
+    p = write(tmp_path, text)
+    with pytest.raises(SpecError) as ei:
+        load_spec(p)
+    assert str(p) in str(ei.value), "the message names the file"
+    return ei.value
+
+
+@pytest.mark.parametrize("text, keypath, value", [
+    (BASE + "bogus: 1\n", "bogus", "bogus"),
+    (BASE + "    colour: red\n", "kernels.gdn_scan.colour", "colour"),
+    (BASE.replace("K: 128", "K: '128'"), "K", "'128'"),
+    (BASE.replace("BV: [64, 128]", "BV: [64, true]"), "kernels.gdn_scan.BV", "True"),
+    (BASE.replace("varlen: [true, false]", "varlen: [1, 0]"), "kernels.gdn_scan.varlen", "1"),
+    (BASE.replace("gdn_scan:", "gdn_scna:"), "kernels.gdn_scna", "gdn_scna"),
+    (BASE.replace("    BV: [64, 128]", "    BT: [48]"), "kernels.gdn_scan.BT", "48"),
+    (BASE.replace("BV: [64, 128]", "BV: [64, 96]"), "kernels.gdn_scan.BV", "96"),
+    (BASE.replace("    BV: [64, 128]", "    BK: [48]"), "kernels.gdn_scan.BK", "48"),
+    (BASE.replace("dtype: [bf16, fp16]", "dtype: [bf16, fp8]"), "kernels.gdn_scan.dtype", "fp8"),
+    (BASE.replace("arches: [sm_90a, sm_100a]", "arches: [sm_90a, sm_120a]"), "arches", "sm_120a"),
+    (BASE + "    exclude:\n      - {colour: red}\n", "kernels.gdn_scan.exclude[0].colour", "colour"),
+    (BASE + "    exclude:\n      - {dtype: 16}\n", "kernels.gdn_scan.exclude[0].dtype", "16"),
+    (BASE + "    launch: {sm_90a: {num_warps: [3]}}\n", "kernels.gdn_scan.launch.sm_90a.num_warps", "3"),
+    (BASE + "    launch: {sm_90a: {warps: [4]}}\n", "kernels.gdn_scan.launch.sm_90a.warps", "warps"),
+    (BASE + "dispatch: {sm_90a: {gdn_scan: {default_BV: 32}}}\n", "dispatch.sm_90a.gdn_scan.default_BV", "32"),
+    (BASE + "dispatch: {sm_90a: {gdn_scan: {best_BV: 64}}}\n", "dispatch.sm_90a.gdn_scan.best_BV", "best_BV"),
+    (BASE + "dispatch: {sm_90a: {gdn_prepare: {default_BV: 64}}}\n", "dispatch.sm_90a.gdn_prepare", "gdn_prepare"),
+])
+def test_error_names_file_key_and_value(tmp_path, text, keypath, value):
+    e = spec_error(tmp_path, text)
+    assert e.keypath == keypath
+    assert f": {keypath}:" in str(e)
+    assert value in str(e)
+
+
+def test_unknown_kernel_lists_known_ones(tmp_path):
+    e = spec_error(tmp_path, BASE.replace("gdn_scan:", "gdn_scna:"))
+    for name in KERNELS:
+        assert name in str(e)
+
+
+def test_missing_required_keys(tmp_path):
+    assert spec_error(tmp_path, BASE.replace("K: 128\n", "")).keypath == "K"
+    assert spec_error(tmp_path, BASE.replace("    dtype: [bf16, fp16]\n", "")).keypath == "kernels.gdn_scan.dtype"
+    assert spec_error(tmp_path, BASE.replace("arches: [sm_90a, sm_100a]\n", "")).keypath == "arches"
+
+
+def test_unused_axis_with_several_values(tmp_path):
+    e = spec_error(tmp_path, BASE + "  gdn_l2norm:\n    dtype: bf16\n    varlen: [true, false]\n")
+    assert e.keypath == "kernels.gdn_l2norm.varlen" and "does not use axis varlen" in str(e) and "[True, False]" in str(e)
+    e = spec_error(tmp_path, BASE + "  gdn_prepare:\n    dtype: bf16\n    transpose: [true, false]\n")
+    assert e.keypath == "kernels.gdn_prepare.transpose"
+
+
+def test_empty_product_after_exclusions(tmp_path):
+    e = spec_error(tmp_path, BASE + "    exclude:\n      - {dtype: bf16}\n      - {dtype: fp16}\n")
+    assert e.keypath == "kernels.gdn_scan" and "empty" in str(e)
+
+
+def test_kernel_without_source_for_arch(tmp_path, monkeypatch):
+    base = KERNELS["gdn_l2norm"]
+    fake = KernelDef(name="hopper_only", params=base.params, constexprs=base.constexprs,
+                     sources={"sm90": base.sources["sm90"]}, grid=base.grid, uses_axes=base.uses_axes)
+    monkeypatch.setitem(KERNELS, "hopper_only", fake)
+    e = spec_error(tmp_path, "K: 128\nV: 128\narches: [sm_90a, sm_100a]\nkernels:\n  hopper_only: {dtype: bf16}\n")
+    assert e.keypath == "kernels.hopper_only" and "sm_100a" in str(e) and "no source" in str(e)
+    s = parse_spec({"K": 128, "V": 128, "arches": ["sm_90a"], "kernels": {"hopper_only": {"dtype": "bf16"}}})
+    assert len(s.variants) == 1
+
+
+def test_invalid_yaml(tmp_path):
+    e = spec_error(tmp_path, "kernels: [unclosed\n")
+    assert "YAML" in str(e)
+
+
+def test_shipped_specs_enumerate():
+    q = load_spec(REPO / "specs" / "qwen35.yaml")
+    per_arch = {"gdn_l2norm": 2, "gdn_prepare": 4, "gdn_scan": 16}  # dtype; dtype x varlen; x transpose x BV
+    for arch in ("sm_90a", "sm_100a"):
+        vs = q.for_arch(arch)
+        assert {k: sum(v.kernel == k for v in vs) for k in per_arch} == per_arch
+        assert all(v.K == 128 and v.V == 128 and v.num_warps in (4, 8) for v in vs)
+    assert len(q.variants) == 44 and len({v.key for v in q.variants}) == 44
+    t = load_spec("tiny")  # a shipped spec by name
+    assert len(t.variants) == 8
+    assert sorted(v.transpose for v in t.for_arch("sm_90a") if v.kernel == "gdn_scan") == [False, True]
+    assert {v.dtype for v in t.variants} == {"bf16"}
+    l2 = [v for v in q.variants if v.kernel == "gdn_l2norm"]
+    assert all(v.BT == 64 and v.BK == 128 and v.BV == 128 and not v.varlen and not v.transpose for v in l2)
+    for arch in ("sm_90a", "sm_100a"):
+        d = q.dispatch[arch]["gdn_scan"]
+        assert {d["default_BV"], d["small_batch_BV"]} <= {v.BV for v in q.for_arch(arch) if v.kernel == "gdn_scan"}
+
+
+def test_exclusions_and_scalars(tmp_path):
+    p = write(tmp_path, BASE + "    exclude:\n      - {dtype: fp16, BV: 64}\n      - {arch: sm_100a, transpose: true}\n")
+    s = load_spec(p)
+    assert len(s.for_arch("sm_90a")) == 16 - 4
+    assert len(s.for_arch("sm_100a")) == 8 - 2
+    assert not any(v.dtype == "fp16" and v.BV == 64 for v in s.variants)
+    s = parse_spec({"K": 64, "V": 128, "arches": "sm_90a",
+                    "kernels": {"gdn_prepare": {"dtype": "fp16", "K": 128, "launch": {"sm_90a": {"num_warps": 8}}}}})
+    (v,) = s.variants
+    assert (v.K, v.V, v.BK, v.BV, v.num_warps, v.num_stages, v.varlen) == (128, 128, 128, 128, 8, 1, False)
+
+
+def test_resolve_arches():
+    both = ("sm_90a", "sm_100a")
+    assert resolve_arches("all", both) == both
+    assert resolve_arches("sm_90", both) == ("sm_90a",)
+    assert resolve_arches("sm_100a", both) == ("sm_100a",)
+    with pytest.raises(SpecError, match="sm_100a was requested"):
+        resolve_arches("sm_100", ("sm_90a",), "x.yaml")
+    with pytest.raises(SpecError, match="unknown arch"):
+        resolve_arches("sm_80", both)
