@@ -1,6 +1,6 @@
 # gdn-aot: `make build` compiles the kernels ahead of time, `make test` runs the CPU test suite.
 #   make build [ARCH=sm_90|sm_100|all] [SPEC=specs/qwen35.yaml] [OUT=artifacts] [JOBS=N]
-#   make test | make wheel | make bench [BENCH_ARGS=...] | make clean
+#   make test | make wheel | make wheel-with-artifacts [ARTIFACTS=artifacts] | make bench [BENCH_ARGS=...] | make clean
 # The first run bootstraps .venv (python3 -m venv; torch, triton==3.6.0, ...); later runs reinstall nothing,
 # and only the project itself (a quick, non-editable `pip install --no-deps .`) when its sources change.
 
@@ -11,6 +11,7 @@ SPEC   ?= specs/qwen35.yaml
 OUT    ?= artifacts
 JOBS   ?= $(shell nproc 2>/dev/null || echo 2)
 PYTEST_ARGS ?=
+ARTIFACTS ?= $(OUT)
 
 PY  := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
@@ -22,7 +23,7 @@ PROJECT_SRC := pyproject.toml $(shell find kernels build loader specs -type f \
 
 BENCH_ARGS ?=
 
-.PHONY: all build test wheel clean install
+.PHONY: all build test wheel wheel-with-artifacts clean install
 all: build
 
 $(PY):
@@ -48,8 +49,14 @@ wheel: $(DEPS_STAMP)
 	$(PIP) wheel --no-deps --no-build-isolation -w .whl .
 	@ls -1 .whl/*.whl
 
+# The wheel plus the verified runtime files of $(ARTIFACTS) as package data gdn_aot/artifacts/<arch>/, tagged for
+# this platform (the launcher is a native library): dist/gdn_aot-<version>-py3-none-linux_x86_64.whl.
+# Installs and runs without triton (docs/deploy.md).
+wheel-with-artifacts: wheel $(PROJECT_STAMP)
+	$(VENV)/bin/gdn-aot package $(ARTIFACTS) --wheel $$(ls -t .whl/gdn_aot-*-py3-none-any.whl | head -1) --out dist
+
 clean:
-	rm -rf $(OUT) dist .whl/gdn_aot-*.whl
+	rm -rf $(OUT) dist .whl/gdn_aot-*.whl .venv-notriton
 	find . -path ./$(VENV) -prune -o -path ./.git -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 
 # make bench [BENCH_ARGS="--quick --out bench.json"]: gdn_aot vs fla on a CUDA GPU (bench/README.md).

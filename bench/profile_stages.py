@@ -2,8 +2,8 @@
 
     python3 bench/profile_stages.py [--cases 1x8192,32x8192,1x65536] [--reps 20]
 
-For every case it launches gdn_l2norm (q and k), gdn_prepare and each built gdn_scan variant (every BV /
-num_warps) on the same inputs, so the table shows where the time goes and which scan variant is fastest per
+For every case it launches gdn_prepare (with the fused q/k L2 norms) and each built gdn_scan variant (every
+BV / num_warps) on the same inputs, so the table shows where the time goes and which scan variant is fastest per
 shape class (the input for the spec's dispatch table). H=16, HV=32, K=V=128, bf16, varlen API.
 """
 from __future__ import annotations
@@ -47,20 +47,16 @@ def profile(case: str, reps: int):
     cu = torch.arange(0, T + 1, t, device=dev, dtype=torch.int32)
     w = torch.empty(T, HV, K, device=dev, dtype=torch.bfloat16)
     u = torch.empty(T, HV, V, device=dev, dtype=torch.bfloat16)
-    gam = torch.empty(T, HV, device=dev)
+    gam, rq, rk = (torch.empty(T, HV, device=dev) for _ in range(3))
     o = torch.empty_like(v)
     h0 = torch.randn(n, HV, K, V, device=dev)
     ht = torch.empty_like(h0)
     rows = []
-    norm = arts.pick("gdn_l2norm", dtype="bf16", K=K)
-    qn = torch.empty_like(q)
-    rows.append(("l2norm q", timed(lambda: norm.launch((-(-T * H // 64), 1, 1), stream, q.data_ptr(),
-                                                             qn.data_ptr(), T * H), reps)))
     prep = arts.pick("gdn_prepare", dtype="bf16", K=K, V=V, varlen=True)
-    rows.append(("prepare", timed(lambda: prep.launch((T // BT + n, HV, 1), stream, k.data_ptr(), v.data_ptr(),
-                                                           g.data_ptr(), beta.data_ptr(), cu.data_ptr(),
-                                                           w.data_ptr(), u.data_ptr(), gam.data_ptr(), T, n, H,
-                                                           HV), reps)))
+    rows.append(("prepare", timed(lambda: prep.launch((T // BT + n, HV, 1), stream, q.data_ptr(), k.data_ptr(),
+                                                           v.data_ptr(), g.data_ptr(), beta.data_ptr(),
+                                                           cu.data_ptr(), w.data_ptr(), u.data_ptr(), gam.data_ptr(),
+                                                           rq.data_ptr(), rk.data_ptr(), T, n, H, HV, 1), reps)))
     for key, e in arts.manifest.variants.items():
         a = e["axes"]
         if e["kernel"] != "gdn_scan" or a["dtype"] != "bf16" or not a["varlen"] or a["transpose"]:
@@ -70,8 +66,9 @@ def profile(case: str, reps: int):
         scratch = torch.empty(scan.scratch_bytes(grid), device=dev, dtype=torch.uint8)
         rows.append((f"scan BV={a['BV']} w{e['num_warps']}", timed(
             lambda: scan.launch(grid, stream, q.data_ptr(), k.data_ptr(), w.data_ptr(), u.data_ptr(),
-                                gam.data_ptr(), cu.data_ptr(), h0.data_ptr(), ht.data_ptr(), 0, o.data_ptr(),
-                                K ** -0.5, T, H, HV, 3, scratch_ptr=scratch.data_ptr()), reps)))
+                                gam.data_ptr(), rq.data_ptr(), rk.data_ptr(), cu.data_ptr(), h0.data_ptr(),
+                                ht.data_ptr(), 0, o.data_ptr(), K ** -0.5, T, H, HV, 3 | 8,
+                                scratch_ptr=scratch.data_ptr()), reps)))
     flop = FLOP_PER_TOKEN_HEAD * T * HV
     for name, (med, mn) in rows:
         print(f"{case:>9}  {name:<18} median {med * 1e3:9.1f} us  min {mn * 1e3:9.1f} us  "

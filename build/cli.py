@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from gdn_aot import __version__
 from gdn_aot.build.manifest import MANIFEST, TSV, tsv
 from gdn_aot.loader.artifacts import Manifest, available_arches, sha256_file
 from gdn_aot.loader.errors import GdnAotError
@@ -22,15 +23,18 @@ Exit status 1 names the variants that failed; their logs are under OUT/<arch>/lo
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(__version__, "-V", "--version", prog_name="gdn-aot")
 def main():
     """Ahead-of-time build of the Gated DeltaNet prefill kernels (Gluon -> cubin + C launcher).
 
     \b
     Examples:
-      gdn-aot build specs/qwen35.yaml --arch sm_90
-      gdn-aot list artifacts
-      gdn-aot verify artifacts
-      gdn-aot inspect artifacts gdn_scan.sm_90a.bf16
+      gdn-aot build specs/qwen35.yaml --arch sm_90       # compile (needs triton: pip install 'gdn-aot[build]')
+      gdn-aot list artifacts                             # what was built, registers, spills
+      gdn-aot verify artifacts                           # re-hash everything against the manifests
+      gdn-aot inspect artifacts gdn_scan.sm_90a.bf16     # metadata, launcher signature, SASS summary
+      gdn-aot package artifacts --into /opt/gdn-aot      # runtime-only copy for deployment
+    Every command takes --json for machine-readable output. docs/deploy.md: shipping artifacts.
     """
 
 
@@ -139,14 +143,22 @@ def list_cmd(dir, as_json):
         click.echo(f"{r['arch']:8} {click.style(r['kernel'].ljust(12), fg='cyan')} "
                    f"{r['BT']}/{r['BK']}/{r['BV']:<6} {r['dtype']:5} {str(r['varlen']):6} {str(r['transpose']):6} "
                    f"{r['warps']:5} {r['shared']:7} {spill} {r['cubin_bytes']:8}")
+    ok = [r for r in rows if r["status"] == "ok"]
+    failed = len(rows) - len(ok)
+    per_arch = ", ".join(f"{a}: {sum(r['arch'] == a for r in ok)}" for a in dict.fromkeys(r["arch"] for r in rows))
+    spilling = sum(bool(r["spills"]) for r in ok)
+    click.secho(f"{len(ok)} variants built ({per_arch}), {failed} failed, {spilling} spilling",
+                fg="red" if failed else ("yellow" if spilling else "green"))
 
 
 def verify_dir(root: Path) -> list[str]:
-    """Problems found in the artifacts under root (empty = all good)."""
+    """Problems found in the artifacts under root (empty = all good). PTX is checked where it was shipped: a
+    runtime-only copy (`gdn-aot package` without --with-ptx) has no ptx/ directory at all."""
     problems = []
     for m in _manifests(root):
+        kinds = ("cubin", "ptx") if (m.dir / "ptx").is_dir() else ("cubin",)
         for key, e in m.variants.items():
-            for kind in ("cubin", "ptx"):
+            for kind in kinds:
                 p = m.dir / e[kind]["path"]
                 if not p.is_file():
                     problems.append(f"{m.arch}: {key}: {kind} {p} is missing")
@@ -164,18 +176,29 @@ def verify_dir(root: Path) -> list[str]:
 
 @main.command()
 @click.argument("dir", type=click.Path(exists=True, file_okay=False))
-def verify(dir):
+@click.option("--json", "as_json", is_flag=True, help="print {ok, problems, variants, arches} as JSON")
+def verify(dir, as_json):
     """Re-hash every cubin and launcher file of DIR against its manifest; exit 1 naming any mismatch.
 
     \b
-    Example: gdn-aot verify artifacts"""
+    Examples:
+      gdn-aot verify artifacts
+      gdn-aot verify /opt/gdn-aot/artifacts --json"""
     problems = verify_dir(Path(dir))
-    if problems:
+    manifests = _manifests(Path(dir))
+    n = sum(len(m.variants) for m in manifests)
+    if as_json:
+        click.echo(json.dumps({"ok": not problems, "problems": problems, "variants": n,
+                               "arches": [m.arch for m in manifests]}, indent=1))
+    elif problems:
         for p in problems:
             click.secho(f"MISMATCH {p}", fg="red", err=True)
+        click.secho(f"{len(problems)} problem(s) in {dir}; rebuild with {manifests[0].build_command()}", fg="red",
+                    err=True)
+    else:
+        click.secho(f"OK: {n} variants, {len(manifests)} arch(es) verified in {dir}", fg="green")
+    if problems:
         sys.exit(1)
-    n = sum(len(m.variants) for m in _manifests(Path(dir)))
-    click.secho(f"OK: {n} variants, {len(available_arches(Path(dir)))} arch(es) verified in {dir}", fg="green")
 
 
 def _find(manifests, pattern: str):
@@ -189,7 +212,8 @@ def _find(manifests, pattern: str):
 @click.argument("dir", type=click.Path(exists=True, file_okay=False))
 @click.argument("keys", nargs=-1, required=True)
 @click.option("--sass", "dump_sass", is_flag=True, help="also print the full disassembly (nvdisasm -c)")
-def inspect(dir, keys, dump_sass):
+@click.option("--json", "as_json", is_flag=True, help="the manifest entries (+ launcher signature) as JSON")
+def inspect(dir, keys, dump_sass, as_json):
     """Metadata, launcher parameter list and SASS summary of the variants KEYS (a key or a substring of keys).
 
     \b
@@ -198,6 +222,7 @@ def inspect(dir, keys, dump_sass):
       gdn-aot inspect artifacts gdn_prepare.sm_100a --sass"""
     manifests = _manifests(Path(dir))
     bad = False
+    found = []
     for pattern in keys:
         hits = _find(manifests, pattern)
         if not hits:
@@ -207,6 +232,11 @@ def inspect(dir, keys, dump_sass):
             continue
         for m, key in hits:
             e = m.variants[key]
+            if as_json:
+                fam = m.data["kernels"][e["kernel"]]
+                found.append({**e, "arch": m.arch, "cubin_file": str(m.dir / e["cubin"]["path"]),
+                              "launch_function": fam["launch_function"], "launcher_params": fam["params"]})
+                continue
             click.secho(key, bold=True, fg="cyan")
             for f in ("kernel", "entry", "num_warps", "num_stages", "shared", "global_scratch_size",
                       "global_scratch_align", "profile_scratch_size", "tmem_size", "grid", "input_hash"):
@@ -225,8 +255,59 @@ def inspect(dir, keys, dump_sass):
                 from gdn_aot.build.sass import disassemble
 
                 click.echo(disassemble(m.dir / e["cubin"]["path"]))
+    if as_json:
+        click.echo(json.dumps(found, indent=1))
     if bad:
         sys.exit(1)
+
+
+EPILOG_PACKAGE = """\b
+Examples:
+  gdn-aot package artifacts --into /opt/gdn-aot/artifacts    # then: GDN_AOT_ARTIFACTS=/opt/gdn-aot/artifacts
+  gdn-aot package artifacts --arch sm_90 --into deploy/       # one arch only
+  gdn-aot package artifacts --wheel .whl/gdn_aot-0.1.0-py3-none-any.whl --out dist
+      # -> dist/gdn_aot-0.1.0-py3-none-linux_x86_64.whl: the loader finds gdn_aot/artifacts by itself
+  make wheel-with-artifacts                                   # the same from a checkout (ARTIFACTS=artifacts)
+Only verified files are shipped: manifest.json, kernels.tsv, the listed cubins, the launcher (header, source,
+libgdn_aot_launch.so.<ABI>); PTX with --with-ptx; build logs never. docs/deploy.md has a Dockerfile."""
+
+
+@main.command(epilog=EPILOG_PACKAGE)
+@click.argument("artifacts", type=click.Path(exists=True, file_okay=False))
+@click.option("--into", type=click.Path(file_okay=False), help="copy the runtime files to INTO/<arch>/")
+@click.option("--wheel", type=click.Path(exists=True, dir_okay=False),
+              help="a gdn_aot wheel (`make wheel`) to copy with the artifacts as package data gdn_aot/artifacts")
+@click.option("--out", default="dist", show_default=True, type=click.Path(file_okay=False),
+              help="where --wheel writes the new wheel")
+@click.option("--arch", "arches", multiple=True, help="sm_90 / sm_100 (repeatable) [default: every built arch]")
+@click.option("--with-ptx", is_flag=True, help="also ship the PTX (debugging only; the loader never reads it)")
+@click.option("--json", "as_json", is_flag=True, help="print what was written as JSON")
+def package(artifacts, into, wheel, out, arches, with_ptx, as_json):
+    """Ship the artifacts built in ARTIFACTS: a runtime-only copy (--into) or a wheel carrying them (--wheel)."""
+    from gdn_aot.build.package import PackageError, add_to_wheel, copy_runtime
+    from gdn_aot.build.spec import ARCH_ALIASES
+
+    if (into is None) == (wheel is None):
+        raise click.UsageError("give exactly one of --into DIR and --wheel WHEEL")
+    try:
+        arch_list = [ARCH_ALIASES[a] for a in arches]
+    except KeyError as e:
+        raise click.BadParameter(f"unknown arch {e.args[0]!r} (sm_90 or sm_100)", param_hint="--arch") from None
+    try:
+        if into is not None:
+            report = copy_runtime(Path(artifacts), Path(into), arch_list or None, with_ptx)
+            line = ", ".join(f"{a}: {r['files']} files, {r['bytes'] / 1e6:.1f} MB" for a, r in report["arches"].items())
+            msg = f"packaged {line} into {into}; point GDN_AOT_ARTIFACTS at it"
+        else:
+            path = add_to_wheel(Path(wheel), Path(artifacts), Path(out), arch_list or None, with_ptx)
+            report = {"wheel": str(path), "bytes": path.stat().st_size}
+            msg = f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB); pip install it: no triton needed"
+    except (PackageError, GdnAotError) as e:
+        _fail(str(e))
+    if as_json:
+        click.echo(json.dumps(report, indent=1))
+    else:
+        click.secho(msg, fg="green")
 
 
 if __name__ == "__main__":

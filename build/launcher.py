@@ -1,11 +1,17 @@
-"""Generate the C launcher (jinja2 templates in build/templates) and compile it into libgdn_aot_launch.so.
+"""Generate the C launcher (jinja2 templates in build/templates) and compile it into a versioned shared library.
 
 One launch function per kernel family (the family's runtime params from the registry, then global_scratch);
 the header is the documented C ABI. cuda.h comes from triton's bundled include dir; libcuda is dlopen'ed at
 run time, so neither building nor loading the .so needs a driver.
+
+The library is versioned like any system library: the file is libgdn_aot_launch.so.<ABI> with that soname
+(DT_SONAME), and libgdn_aot_launch.so is a symlink to it for `-lgdn_aot_launch` at link time. A program linked
+against it records the versioned name, so an artifact directory with another launcher ABI fails at load time
+instead of being called with the wrong arguments.
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import tempfile
 from pathlib import Path
@@ -18,13 +24,15 @@ from gdn_aot.build.manifest import atomic_write
 from gdn_aot.kernels import KERNELS
 from gdn_aot.loader.artifacts import LAUNCHER_ABI_VERSION
 
-HEADER, SOURCE, LIBRARY = "gdn_aot_launch.h", "gdn_aot_launch.c", "libgdn_aot_launch.so"
+HEADER, SOURCE, LINK_NAME = "gdn_aot_launch.h", "gdn_aot_launch.c", "libgdn_aot_launch.so"
+SONAME = f"{LINK_NAME}.{LAUNCHER_ABI_VERSION}"
+LIBRARY = SONAME  # the real file
 DRIVER_FUNCTIONS = (
     "Init", "DriverGetVersion", "DeviceGet", "DeviceGetCount", "DeviceGetAttribute", "DevicePrimaryCtxRetain",
     "DevicePrimaryCtxRelease", "CtxGetCurrent", "CtxSetCurrent", "CtxSynchronize", "ModuleLoadData",
     "ModuleUnload", "ModuleGetFunction", "FuncSetAttribute", "FuncGetAttribute", "LaunchKernel",
     "GetErrorString", "GetErrorName", "MemAlloc", "MemFree", "MemcpyHtoD", "MemcpyDtoH", "MemsetD8",
-    "StreamSynchronize",
+    "StreamSynchronize", "StreamCreate", "StreamDestroy",  # new entries only ever go at the end (struct layout)
 )
 CFLAGS = ("-O2", "-shared", "-fPIC", "-Wall", "-Werror")
 LIBS = ("-ldl", "-lpthread")
@@ -56,7 +64,8 @@ def render(arch: str, kernel_names) -> dict[str, str]:
 
 
 def compile_so(src_dir: Path, out: Path) -> None:
-    cmd = [toolchain.cc(), *CFLAGS, f"-I{src_dir}", f"-I{toolchain.cuda_include()}", "-o", str(out), SOURCE, *LIBS]
+    cmd = [toolchain.cc(), *CFLAGS, f"-Wl,-soname,{SONAME}", f"-I{src_dir}", f"-I{toolchain.cuda_include()}",
+           "-o", str(out), SOURCE, *LIBS]
     r = subprocess.run(cmd, cwd=src_dir, capture_output=True, text=True)
     if r.returncode:
         raise LauncherError(f"compiling the launcher failed:\n$ {' '.join(cmd)}\n{r.stdout}{r.stderr}")
@@ -87,13 +96,29 @@ def build(arch: str, kernel_names, launcher_dir: Path, previous: dict | None = N
                 atomic_write(launcher_dir / n, t.encode())
             atomic_write(so, (tmp / LIBRARY).read_bytes(), mode=0o755)
         compiled = True
+    _link(launcher_dir / LINK_NAME, SONAME)
+    for old in launcher_dir.glob(f"{LINK_NAME}.*"):  # the library of another launcher ABI, from an older build
+        if old.name != SONAME:
+            old.unlink()
     files = {n: toolchain.file_sha256(launcher_dir / n) for n in (HEADER, SOURCE, LIBRARY)}
     return {
         "abi_version": LAUNCHER_ABI_VERSION,
         "header": f"launcher/{HEADER}", "source": f"launcher/{SOURCE}", "library": f"launcher/{LIBRARY}",
+        "soname": SONAME, "link_name": f"launcher/{LINK_NAME}",
         "files": files, "cc": toolchain.cc_version(), "cflags": list(CFLAGS),
         "families": {f["name"]: {"function": f"gdn_aot_launch_{f['name']}",
                                  "params": [p["name"] for p in f["params"]] + ["global_scratch"]}
                      for f in families(kernel_names)},
         "_compiled": compiled,
     }
+
+
+def _link(path: Path, target: str) -> None:
+    """path -> target (relative symlink), replaced atomically; also replaces a regular file of an older build."""
+    if path.is_symlink() and os.readlink(path) == target:
+        return
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    os.symlink(target, tmp)
+    os.replace(tmp, path)

@@ -15,7 +15,8 @@ from gdn_aot.loader.artifacts import MANIFEST_SCHEMA_VERSION
 MANIFEST = "manifest.json"
 TSV = "kernels.tsv"
 TSV_COLUMNS = ("key", "kernel", "entry", "cubin", "num_warps", "shared", "global_scratch_size",
-               "global_scratch_align", "grid")
+               "global_scratch_align", "grid", "dtype", "K", "V", "BT", "BK", "BV", "varlen", "transpose")
+TSV_AXES = ("dtype", "K", "V", "BT", "BK", "BV", "varlen", "transpose")  # booleans as 0/1
 
 
 def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
@@ -51,13 +52,15 @@ def read_previous(arch_dir: Path) -> dict:
 
 
 def tsv(variants: dict) -> bytes:
-    """kernels.tsv for C consumers: one line per variant, columns TSV_COLUMNS, '#' header."""
+    """kernels.tsv for C consumers: one line per variant, columns TSV_COLUMNS, '#' header (read columns by
+    name: new ones are only ever appended). The variant's axes close the line, booleans as 0/1."""
     lines = ["#" + "\t".join(TSV_COLUMNS)]
     for key in sorted(variants):
         v = variants[key]
+        axes = [int(v["axes"][a]) if isinstance(v["axes"][a], bool) else v["axes"][a] for a in TSV_AXES]
         lines.append("\t".join(str(x) for x in (
             key, v["kernel"], v["entry"], v["cubin"]["path"], v["num_warps"], v["shared"],
-            v["global_scratch_size"], v["global_scratch_align"], v["grid"])))
+            v["global_scratch_size"], v["global_scratch_align"], v["grid"], *axes)))
     return ("\n".join(lines) + "\n").encode()
 
 

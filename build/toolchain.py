@@ -31,6 +31,7 @@ def triton_dir() -> Path:
 
 @functools.lru_cache(None)
 def triton_version() -> str:
+    triton_dir()  # a clear ToolchainError when triton is missing
     return importlib.metadata.version("triton")
 
 

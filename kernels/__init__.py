@@ -1,8 +1,9 @@
 """Gluon sources of the GDN prefill kernels and their registry (no triton import here).
 
-The forward is three launches (docs/gdn-math.md has the math):
-  gdn_l2norm   optional: q, k rows scaled to unit L2 norm (use_qk_l2norm_in_kernel)
-  gdn_prepare  chunk-parallel: cumsum of g, A = beta k k^T with decay, (I + A)^-1, w and u
+The forward is two launches (docs/gdn-math.md has the math):
+  gdn_prepare  chunk-parallel: cumsum of g, A = beta k k^T with decay, (I + A)^-1, w and u; with
+               use_qk_l2norm_in_kernel also the inverse L2 norms of the q and k rows (k is normalised here,
+               q and k in gdn_scan by folding the norms into its row scalings: no normalised copies in HBM)
   gdn_scan     one program per (sequence, value head, V tile): walks the chunks with the state on chip and
                writes the output of every chunk as it goes, so no per-chunk state or v_new reaches HBM
 """
@@ -10,35 +11,27 @@ from .registry import KernelDef, Variant
 
 _PKG = __name__
 
-GDN_L2NORM = KernelDef(
-    name="gdn_l2norm",
-    params=(("x", "*{dtype}"), ("y", "*{dtype}"), ("rows", "i32")),
-    constexprs=lambda v: {"D": v.K, "BLOCK_ROWS": 64, "num_warps": v.num_warps},
-    sources={"sm90": f"{_PKG}.l2norm:l2norm_kernel", "sm100": f"{_PKG}.l2norm:l2norm_kernel"},
-    grid="(cdiv(rows, 64), 1, 1); rows = tokens * heads",
-    uses_axes=frozenset({"dtype", "K"}),
-    doc="y = x / sqrt(sum(x^2) + 1e-6) per row of D elements",
-)
-
 GDN_PREPARE = KernelDef(
     name="gdn_prepare",
     params=(
-        ("k", "*{dtype}"), ("v", "*{dtype}"), ("g", "*fp32"), ("beta", "*fp32"), ("cu_seqlens", "*i32"),
-        ("w", "*{dtype}"), ("u", "*{dtype}"), ("gam", "*fp32"),
-        ("T", "i32"), ("num_seqs", "i32"), ("H", "i32"), ("HV", "i32"),
+        ("q", "*{dtype}"), ("k", "*{dtype}"), ("v", "*{dtype}"), ("g", "*fp32"), ("beta", "*fp32"),
+        ("cu_seqlens", "*i32"), ("w", "*{dtype}"), ("u", "*{dtype}"), ("gam", "*fp32"), ("rq", "*fp32"),
+        ("rk", "*fp32"), ("T", "i32"), ("num_seqs", "i32"), ("H", "i32"), ("HV", "i32"), ("flags", "i32"),
     ),
     constexprs=lambda v: {"K": v.K, "V": v.V, "BT": v.BT, "IS_VARLEN": v.varlen, "num_warps": v.num_warps},
     sources={"sm90": f"{_PKG}.prepare_sm90:prepare_kernel", "sm100": f"{_PKG}.prepare_sm100:prepare_kernel"},
     grid="varlen: (T // BT + num_seqs, HV, 1); fixed: (num_seqs * cdiv(T, BT), HV, 1)",
     uses_axes=frozenset({"dtype", "K", "V", "BT", "varlen"}),
-    doc="per chunk: gam = cumsum(g); Tc = (I + A)^-1; w = Tc (beta e^gam k); u = Tc (beta v)",
+    doc="per chunk: gam = cumsum(g); Tc = (I + A)^-1; w = Tc (beta e^gam k); u = Tc (beta v); "
+    "flags & PREPARE_L2NORM: k rows normalised first, and rq, rk = 1 / |q|, 1 / |k| per row written for gdn_scan",
 )
 
 GDN_SCAN = KernelDef(
     name="gdn_scan",
     params=(
         ("q", "*{dtype}"), ("k", "*{dtype}"), ("w", "*{dtype}"), ("u", "*{dtype}"), ("gam", "*fp32"),
-        ("cu_seqlens", "*i32"), ("h0", "*fp32"), ("ht", "*fp32"), ("state_indices", "*i32"), ("o", "*{dtype}"),
+        ("rq", "*fp32"), ("rk", "*fp32"), ("cu_seqlens", "*i32"), ("h0", "*fp32"), ("ht", "*fp32"),
+        ("state_indices", "*i32"), ("o", "*{dtype}"),
         ("scale", "fp32"), ("T", "i32"), ("H", "i32"), ("HV", "i32"), ("flags", "i32"),
     ),
     constexprs=lambda v: {
@@ -52,11 +45,14 @@ GDN_SCAN = KernelDef(
     "h = e^gam_last h + k^T (e^(gam_last - gam) v_new)",
 )
 
-KERNELS: dict[str, KernelDef] = {kd.name: kd for kd in (GDN_L2NORM, GDN_PREPARE, GDN_SCAN)}
+KERNELS: dict[str, KernelDef] = {kd.name: kd for kd in (GDN_PREPARE, GDN_SCAN)}
 
-# bits of gdn_scan's `flags` argument
-SCAN_HAS_H0 = 1
-SCAN_STORE_HT = 2
-SCAN_USE_INDICES = 4
+# bits of the kernels' `flags` argument
+PREPARE_L2NORM = 1  # gdn_prepare: normalise k, write rq and rk
+SCAN_HAS_H0 = 1  # gdn_scan: read the initial state
+SCAN_STORE_HT = 2  # gdn_scan: write the final state
+SCAN_USE_INDICES = 4  # gdn_scan: state slot = state_indices[sequence] (-1: zero state, not written)
+SCAN_L2NORM = 8  # gdn_scan: scale q and k rows by rq and rk (the L2 norms of use_qk_l2norm_in_kernel)
 
-__all__ = ["KERNELS", "KernelDef", "Variant", "SCAN_HAS_H0", "SCAN_STORE_HT", "SCAN_USE_INDICES"]
+__all__ = ["KERNELS", "KernelDef", "Variant", "PREPARE_L2NORM", "SCAN_HAS_H0", "SCAN_STORE_HT",
+           "SCAN_USE_INDICES", "SCAN_L2NORM"]

@@ -8,6 +8,12 @@ from triton.experimental import gluon
 from triton.runtime.jit import constexpr_function
 from triton.experimental.gluon import language as gl
 
+PREPARE_L2NORM = gl.constexpr(1)  # flag bits, as in kernels/__init__.py
+SCAN_HAS_H0 = gl.constexpr(1)
+SCAN_STORE_HT = gl.constexpr(2)
+SCAN_USE_INDICES = gl.constexpr(4)
+SCAN_L2NORM = gl.constexpr(8)
+
 
 @constexpr_function
 def wgmma_layout(M, N, num_warps, operand_bits=16):
@@ -21,13 +27,8 @@ def wgmma_layout(M, N, num_warps, operand_bits=16):
     n = min(256, N // warps_n)
     while N % n != 0 or n % 8 != 0:
         n -= 8
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[along_m, warps_n], instr_shape=[16, n, 256 // operand_bits])
-
-
-@constexpr_function
-def squaring_rounds(BT):
-    """Rounds of (I + N)(I + N^2)... needed until N^BT = 0 for a strictly lower-triangular BT x BT matrix."""
-    return BT.bit_length() - 2
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[along_m, warps_n],
+                                     instr_shape=[16, n, 256 // operand_bits])
 
 
 @constexpr_function
@@ -171,3 +172,57 @@ def causal_decay_bitmask(gam_rows, gam_cols, n_rows, STRICT: gl.constexpr):
     diff = gl.expand_dims(gam_rows, 1) - gl.expand_dims(gam_cols, 0)
     masked = gl.map_elementwise(_bitmask_keep_scalar, diff, limit, (j >> 4) << 4, j & 15)
     return gl.exp(masked)
+
+
+@constexpr_function
+def _block_layout(num_warps):
+    """[16, 16] fp32 tiles: a row's 16 elements in 16 lanes of one warp (reductions along rows stay in the
+    warp), rows spread over 2 lanes x num_warps warps, 2 elements a thread."""
+    return gl.BlockedLayout([2, 1], [2, 16], [num_warps, 1], [1, 0])
+
+
+@gluon.jit
+def _block(smem, i: gl.constexpr, j: gl.constexpr):
+    return smem.slice(16 * i, 16, 0).slice(16 * j, 16, 1)
+
+
+@gluon.jit
+def unit_lower_inverse(A):
+    """Tc = (I + A)^-1 for a strictly lower-triangular fp32 A [BT, BT], in fp32 on the CUDA cores.
+
+    The 16 x 16 diagonal blocks by forward substitution (one block row at a time, every reduction inside a
+    warp), then the blocks below the diagonal, one diagonal band after the other, from
+        T_ij = -T_ii sum_{k=j}^{i-1} A_ik T_kj
+    as 16 x 16 x 16 FMA dots: 16 of them at BT = 64, about 4 % of the chunk's tensor-core work in FLOPs.
+    Returned in A's layout.
+    """
+    BT: gl.constexpr = A.shape[0]
+    NB: gl.constexpr = BT // 16
+    blk: gl.constexpr = _block_layout(gl.num_warps())
+    plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    a_smem = gl.allocate_shared_memory(gl.float32, [BT, BT], plain, A)
+    t_smem = gl.allocate_shared_memory(gl.float32, [BT, BT], plain, gl.zeros_like(A))
+    r = gl.expand_dims(gl.arange(0, 16, gl.SliceLayout(1, blk)), 1)
+    c = gl.expand_dims(gl.arange(0, 16, gl.SliceLayout(0, blk)), 0)
+    eye = gl.where(r == c, 1.0, 0.0)
+    # diagonal blocks: Tt = T_bb^T, built column by column: Tt[:, i] = e_i - Tt A_bb[i, :]^T
+    for b in gl.static_range(NB):
+        a_bb = _block(a_smem, b, b)
+        Tt = eye
+        for i in gl.static_range(1, 16):
+            a_row = a_bb.slice(i, 1, 0).load(blk)  # [1, 16]: A_bb[i, :]
+            s = gl.sum(Tt * a_row, axis=1)  # [16]: sum_j T[j, :] A[i, j]
+            Tt = gl.where(c == i, eye - gl.expand_dims(s, 1), Tt)
+        _block(t_smem, b, b).permute((1, 0)).store(Tt)
+    # bands below the diagonal
+    dot_a: gl.constexpr = gl.DotOperandLayout(0, blk, 0)
+    dot_b: gl.constexpr = gl.DotOperandLayout(1, blk, 0)
+    for d in gl.static_range(1, NB):
+        for i in gl.static_range(d, NB):
+            acc = gl.zeros([16, 16], gl.float32, blk)
+            for k in gl.static_range(i - d, i):
+                acc = gl.dot_fma(_block(a_smem, i, k).load(dot_a), _block(t_smem, k, i - d).load(dot_b), acc)
+            acc = gl.convert_layout(acc, dot_b)
+            t_ij = gl.dot_fma(_block(t_smem, i, i).load(dot_a), acc, gl.zeros([16, 16], gl.float32, blk))
+            _block(t_smem, i, i - d).store(-t_ij)
+    return t_smem.load(A.type.layout)

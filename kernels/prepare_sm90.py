@@ -1,12 +1,12 @@
 """gdn_prepare for Hopper (sm_90a): everything about a chunk that does not depend on the state.
 
 One program per (chunk, value head), 4 warps = one warpgroup issuing wgmma. Steps 1-3 of docs/gdn-math.md:
-    gam = cumsum(g)                                  (fp32, registers)
+    gam = cumsum(g)                                      (fp32, registers)
     A   = beta_i (k_i . k_j) exp(gam_i - gam_j), i > j   (wgmma bf16 -> fp32)
-    Tc  = (I + A)^-1 = (I + N)(I + N^2)(I + N^4)(I + N^8)(I + N^16)(I + N^32),  N = -A
-                                                     (N is strictly lower triangular, so N^64 = 0: ten
-                                                      64x64x64 wgmma in tf32, no serial substitution)
+    Tc  = (I + A)^-1                                     (fp32 on the CUDA cores: common.unit_lower_inverse)
     w   = (Tc diag(beta e^gam)) k,   u = (Tc diag(beta)) v      (wgmma bf16 -> fp32, A operand in registers)
+With flags & PREPARE_L2NORM the k rows are normalised in registers before anything else, and the inverse
+norms of the q and k rows go to rq, rk for gdn_scan, which folds them into its row scalings.
 Loads are masked register loads (a chunk never reads the next sequence's rows); w, u, gam go to HBM for
 gdn_scan.
 """
@@ -14,35 +14,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
-from .common import (chunk_cumsum, causal_decay, row_load_layout, sequence_of_chunk_slot, squaring_rounds,
-                     wgmma_layout)
-
-
-@gluon.jit
-def _tf32_matmul(a, b, a_smem, bt_smem, acc, use_acc: gl.constexpr):
-    """acc (+)= a @ b for fp32 [64, 64] register tiles, through shared memory in tf32.
-
-    tf32 wgmma reads B K-major only, so b is stored transposed and handed over as a permuted view.
-    """
-    a_smem.store(a)
-    bt_smem.store(gl.permute(b, [1, 0]))
-    fence_async_shared()
-    return warpgroup_mma(a_smem, bt_smem.permute((1, 0)), acc, use_acc=use_acc)  # fp32 operands: tf32 by default
-
-
-@gluon.jit
-def _unit_lower_inverse(A, a_smem, bt_smem):
-    """(I + A)^-1 for strictly lower-triangular A [BT, BT] by repeated squaring (BT <= 64: 5 rounds)."""
-    BT: gl.constexpr = A.shape[0]
-    tf32_acc: gl.constexpr = wgmma_layout(BT, BT, gl.num_warps(), 32)
-    i = gl.expand_dims(gl.arange(0, BT, gl.SliceLayout(1, tf32_acc)), 1)
-    j = gl.expand_dims(gl.arange(0, BT, gl.SliceLayout(0, tf32_acc)), 0)
-    power = -gl.convert_layout(A, tf32_acc)
-    inverse = gl.where(i == j, 1.0, 0.0) + power
-    for _ in gl.static_range(squaring_rounds(BT)):
-        power = _tf32_matmul(power, power, a_smem, bt_smem, power, use_acc=False)
-        inverse = _tf32_matmul(inverse, power, a_smem, bt_smem, inverse, use_acc=True)
-    return inverse
+from .common import (PREPARE_L2NORM, causal_decay, chunk_cumsum, row_load_layout, sequence_of_chunk_slot,
+                     unit_lower_inverse, wgmma_layout)
 
 
 @gluon.jit
@@ -65,7 +38,14 @@ def _store_rows(ptr, x, row0, n_rows, row_stride, layout: gl.constexpr):
 
 
 @gluon.jit
-def prepare_kernel(k, v, g, beta, cu_seqlens, w, u, gam, T, num_seqs, H, HV,
+def _inverse_row_norms(x):
+    """1 / sqrt(sum(x^2) + 1e-6) per row, in fp32 (fla's l2norm)."""
+    xf = x.to(gl.float32)
+    return 1.0 / gl.sqrt(gl.sum(xf * xf, axis=1) + 1e-6)
+
+
+@gluon.jit
+def prepare_kernel(q, k, v, g, beta, cu_seqlens, w, u, gam, rq, rk, T, num_seqs, H, HV, flags,
                    K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, IS_VARLEN: gl.constexpr,
                    num_warps: gl.constexpr):
     gl.static_assert(BT == 64, "one warpgroup owns the 64 rows of a chunk")
@@ -80,6 +60,7 @@ def prepare_kernel(k, v, g, beta, cu_seqlens, w, u, gam, T, num_seqs, H, HV,
         mma_tv: gl.constexpr = wgmma_layout(BT, V, num_warps)
         rows_l: gl.constexpr = gl.SliceLayout(1, mma_tt)
         cols_l: gl.constexpr = gl.SliceLayout(0, mma_tt)
+        load_k: gl.constexpr = row_load_layout(K, num_warps)
 
         # --- gates of the chunk: g and beta per row, cumsum in fp32.
         r = gl.arange(0, BT, rows_l)
@@ -93,29 +74,34 @@ def prepare_kernel(k, v, g, beta, cu_seqlens, w, u, gam, T, num_seqs, H, HV,
         gam_rows, gam_cols = chunk_cumsum(g_rows, g_cols)
         gl.store(gam + gate_offs_r, gam_rows, mask=r < n_rows)
 
-        # --- k and v tiles into shared memory (the wgmma operand home).
-        k_smem = gl.allocate_shared_memory(dtype, [BT, K], gl.NVMMASharedLayout.get_default_for([BT, K], dtype))
-        v_smem = gl.allocate_shared_memory(dtype, [BT, V], gl.NVMMASharedLayout.get_default_for([BT, V], dtype))
-        k_smem.store(_load_rows(k + i_h * K, start, n_rows, H * K, BT, K, row_load_layout(K, num_warps)))
-        v_smem.store(_load_rows(v + i_hv * V, start, n_rows, HV * V, BT, V, row_load_layout(V, num_warps)))
+        # --- k (normalised if asked) and v tiles into shared memory, the wgmma operand home.
+        k_tile = _load_rows(k + i_h * K, start, n_rows, H * K, BT, K, load_k)
+        if flags & PREPARE_L2NORM:
+            rk_rows = _inverse_row_norms(k_tile)
+            k_tile = (k_tile.to(gl.float32) * gl.expand_dims(rk_rows, 1)).to(dtype)
+            rq_rows = _inverse_row_norms(_load_rows(q + i_h * K, start, n_rows, H * K, BT, K, load_k))
+            rl = gl.arange(0, BT, gl.SliceLayout(1, load_k))
+            norm_offs = (start + rl).to(gl.int64) * HV + i_hv
+            gl.store(rk + norm_offs, rk_rows, mask=rl < n_rows)
+            gl.store(rq + norm_offs, rq_rows, mask=rl < n_rows)
+        k_smem = gl.allocate_shared_memory(dtype, [BT, K], gl.NVMMASharedLayout.get_default_for([BT, K], dtype),
+                                           k_tile)
+        v_smem = gl.allocate_shared_memory(dtype, [BT, V], gl.NVMMASharedLayout.get_default_for([BT, V], dtype),
+                                           _load_rows(v + i_hv * V, start, n_rows, HV * V, BT, V,
+                                                      row_load_layout(V, num_warps)))
         fence_async_shared()
 
-        # --- A = beta_i (k k^T)_ij exp(gam_i - gam_j), strictly lower.
+        # --- A = beta_i (k k^T)_ij exp(gam_i - gam_j), strictly lower; Tc = (I + A)^-1.
         kkt = warpgroup_mma(k_smem, k_smem.permute((1, 0)), gl.zeros([BT, BT], gl.float32, mma_tt), use_acc=False)
         A = kkt * gl.expand_dims(beta_rows, 1) * causal_decay(gam_rows, gam_cols, n_rows, STRICT=True)
-
-        # --- Tc = (I + A)^-1 in tf32 on the tensor cores.
-        f32_tt: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], gl.float32)
-        a_smem = gl.allocate_shared_memory(gl.float32, [BT, BT], f32_tt)
-        bt_smem = gl.allocate_shared_memory(gl.float32, [BT, BT], f32_tt)
-        Tc = gl.convert_layout(_unit_lower_inverse(A, a_smem, bt_smem), mma_tt)
+        Tc = unit_lower_inverse(A)
 
         # --- w = Tc diag(beta e^gam) k and u = Tc diag(beta) v: the row scalings fold into Tc's columns.
         Tw = (Tc * gl.expand_dims(beta_cols * gl.exp(gam_cols), 0)).to(dtype)
         Tu = (Tc * gl.expand_dims(beta_cols, 0)).to(dtype)
         w_acc = warpgroup_mma(gl.convert_layout(Tw, gl.DotOperandLayout(0, mma_tk, 2)), k_smem,
                               gl.zeros([BT, K], gl.float32, mma_tk), use_acc=False)
-        _store_rows(w + i_hv * K, w_acc.to(dtype), start, n_rows, HV * K, row_load_layout(K, num_warps))
+        _store_rows(w + i_hv * K, w_acc.to(dtype), start, n_rows, HV * K, load_k)
         u_acc = warpgroup_mma(gl.convert_layout(Tu, gl.DotOperandLayout(0, mma_tv, 2)), v_smem,
                               gl.zeros([BT, V], gl.float32, mma_tv), use_acc=False)
         _store_rows(u + i_hv * V, u_acc.to(dtype), start, n_rows, HV * V, row_load_layout(V, num_warps))

@@ -5,6 +5,9 @@ per (sequence, value head, V tile), 4 warps, walks the sequence's chunks in orde
     v_new = u - w h
     o     = scale (e^gam * (q h) + ((q k^T) . M) v_new)        M_ij = e^(gam_i - gam_j), i >= j
     h     = e^gam_last h + k^T (e^(gam_last - gam) v_new)
+With flags & SCAN_L2NORM (use_qk_l2norm_in_kernel) q_i -> rq_i q_i and k_j -> rk_j k_j, rq, rk from gdn_prepare,
+folded into the row scalings as on sm_90a: rq into the rows of q h and of the scores (through the decay's
+exponent), rk into the columns of the scores (same) and the rows of v_dec.
 Units:
   * TMA (UTMALDG) brings q, k, w, u of chunk c + 1 into the other half of a two-stage shared-memory ring
     (completion on an mbarrier) while chunk c computes; the descriptors are built on the device per sequence with
@@ -37,11 +40,9 @@ from triton.experimental.gluon.language.nvidia.blackwell import (TensorMemoryLay
                                                                   fence_async_shared, get_tmem_reg_layout,
                                                                   mbarrier, tcgen05_commit, tcgen05_mma, tma)
 
-from .common import causal_decay_bitmask, sequence_bounds, state_tile_offsets
+from .common import (SCAN_HAS_H0, SCAN_L2NORM, SCAN_STORE_HT, SCAN_USE_INDICES, causal_decay_bitmask,
+                     sequence_bounds, state_tile_offsets)
 
-HAS_H0 = gl.constexpr(1)  # the bits of `flags` (kernels/__init__.py)
-STORE_HT = gl.constexpr(2)
-USE_INDICES = gl.constexpr(4)
 ROW_SKIP = gl.constexpr(0x7FFFFFFF)  # async_scatter row offset that the TMA unit skips (out of range)
 
 
@@ -107,7 +108,7 @@ def _store_state(ht, h_tmem, stage, slot, i_hv, i_v, HV, K: gl.constexpr, V: gl.
 
 
 @gluon.jit
-def scan_kernel(q, k, w, u, gam, cu_seqlens, h0, ht, state_indices, o, scale, T, H, HV, flags,
+def scan_kernel(q, k, w, u, gam, rq, rk, cu_seqlens, h0, ht, state_indices, o, scale, T, H, HV, flags,
                 K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, IS_VARLEN: gl.constexpr,
                 TRANSPOSE_STATE: gl.constexpr, num_warps: gl.constexpr):
     gl.static_assert(BT == 64, "tcgen05 M = 64 for the chunk-row products")
@@ -136,13 +137,13 @@ def scan_kernel(q, k, w, u, gam, cu_seqlens, h0, ht, state_indices, o, scale, T,
 
     # --- the state: slot i_n, or the caller's pool slot; a negative slot starts from zero and is not written.
     slot = i_n
-    if flags & USE_INDICES:
+    if flags & SCAN_USE_INDICES:
         slot = gl.load(state_indices + i_n)
     # loaded in [K, HS] column slices straight into TMEM (a whole [K, 128] tile of int64 offsets would not fit
     # in registers): slice j of V tile i_v is V tile i_v * (BV // HS) + j of width HS
     for j in gl.static_range(BV // HS):
         part_offs = state_tile_offsets(slot, i_hv, i_v * (BV // HS) + j, HV, K, V, HS, TRANSPOSE_STATE, reg_hs)
-        h_tmem.slice(j * HS, HS).store(gl.load(h0 + part_offs, mask=((flags & HAS_H0) != 0) & (slot >= 0),
+        h_tmem.slice(j * HS, HS).store(gl.load(h0 + part_offs, mask=((flags & SCAN_HAS_H0) != 0) & (slot >= 0),
                                                other=0.0))
 
     # --- per-sequence TMA descriptors (row bound = seq_len), and one over the whole packed o for the scatter.
@@ -178,12 +179,16 @@ def scan_kernel(q, k, w, u, gam, cu_seqlens, h0, ht, state_indices, o, scale, T,
     bar_o = bars.index(4)
     bar_h = bars.index(5)
 
-    rows_tv = gl.arange(0, BT, gl.SliceLayout(1, reg_tv))
-    rows_tt = gl.arange(0, BT, gl.SliceLayout(1, reg_tt))
-    cols_tt = gl.arange(0, BT, gl.SliceLayout(0, reg_tt))
+    # per-row chunk data (gam, and the inverse q/k norms of use_qk_l2norm_in_kernel) is loaded once, one
+    # element a thread, then converted to the row/column slices of the TMEM register layouts that use it
+    vec_l: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+    rows = gl.arange(0, BT, vec_l)
     offs_layout: gl.constexpr = gl.SliceLayout(0, gl.BlockedLayout([1, 4], [32, 1], [1, num_warps], [1, 0]))
     rows_sc = gl.arange(0, BT, offs_layout)
     gam_head = gam + row0 * HV + i_hv
+    rq_head = rq + row0 * HV + i_hv
+    rk_head = rk + row0 * HV + i_hv
+    l2norm = (flags & SCAN_L2NORM) != 0
 
     if n_chunks > 0:
         _issue_chunk_loads(q_desc, k_desc, w_desc, u_desc, 0, bars.index(0),
@@ -199,11 +204,19 @@ def scan_kernel(q, k, w, u, gam, cu_seqlens, h0, ht, state_indices, o, scale, T,
 
         # gates of the chunk (fp32 cumsum from gdn_prepare), overlapping the TMA wait
         n_rows = seq_len - c * BT
-        gam_c = gam_head + (c * BT).to(gl.int64) * HV
-        gam_tv = gl.load(gam_c + rows_tv * HV, mask=rows_tv < n_rows, other=0.0)
-        gam_rows = gl.load(gam_c + rows_tt * HV, mask=rows_tt < n_rows, other=0.0)
-        gam_cols = gl.load(gam_c + cols_tt * HV, mask=cols_tt < n_rows, other=0.0)
-        gam_last = gl.load(gam_c + (gl.minimum(n_rows, BT) - 1) * HV)
+        row_offs = (c * BT + rows).to(gl.int64) * HV
+        valid = rows < n_rows
+        gam_v = gl.load(gam_head + row_offs, mask=valid, other=0.0)
+        gam_last = gl.load(gam_head + (c * BT + gl.minimum(n_rows, BT) - 1).to(gl.int64) * HV)
+        # use_qk_l2norm_in_kernel: q_i -> rq_i q_i and k_j -> rk_j k_j, folded into the row scalings below
+        rq_v = gl.load(rq_head + row_offs, mask=valid & l2norm, other=1.0)
+        rk_v = gl.load(rk_head + row_offs, mask=valid & l2norm, other=1.0)
+        o_scale = gl.convert_layout(scale * gl.exp(gam_v) * rq_v, gl.SliceLayout(1, reg_tv))
+        v_dec_scale = gl.convert_layout(gl.exp(gam_last - gam_v) * rk_v, gl.SliceLayout(1, reg_tv))
+        # scale and norms enter the decay's exponent: e^(gam_i - gam_j) scale rq_i rk_j
+        #   = e^((gam_i + ln(scale rq_i)) - (gam_j - ln rk_j))
+        decay_rows = gl.convert_layout(gam_v + gl.log(rq_v * scale), gl.SliceLayout(1, reg_tt))
+        decay_cols = gl.convert_layout(gam_v - gl.log(rk_v), gl.SliceLayout(0, reg_tt))
 
         # h: TMEM -> registers once: the bf16 operand for w h and q h, and e^gam_last h back into TMEM, where
         # the k^T v_dec MMA of this chunk accumulates onto it
@@ -227,11 +240,11 @@ def scan_kernel(q, k, w, u, gam, cu_seqlens, h0, ht, state_indices, o, scale, T,
         mbarrier.wait(bar_wh, phase)
         v_new = u_ring.index(s).load(reg_tv).to(gl.float32) - acc_a.load(reg_tv)
         v_new_smem.store(v_new.to(dtype))
-        v_dec_smem.store((v_new * gl.expand_dims(gl.exp(gam_last - gam_tv), 1)).to(dtype))
+        v_dec_smem.store((v_new * gl.expand_dims(v_dec_scale, 1)).to(dtype))
 
         # intra-chunk scores, causally masked (16-wide bitmasks) with the decay; the 16-bit A operand of P v_new
         mbarrier.wait(bar_sq, phase)
-        scores = s_tmem.load(reg_tt) * causal_decay_bitmask(gam_rows, gam_cols, n_rows, STRICT=False) * scale
+        scores = s_tmem.load(reg_tt) * causal_decay_bitmask(decay_rows, decay_cols, n_rows, STRICT=False)
         p_smem.store(scores.to(dtype))
         _operands_ready()
         tcgen05_mma(p_smem, v_new_smem, acc_a, use_acc=False)
@@ -242,7 +255,7 @@ def scan_kernel(q, k, w, u, gam, cu_seqlens, h0, ht, state_indices, o, scale, T,
 
         # o = scale e^gam (q h) + P v_new, from the two accumulators
         mbarrier.wait(bar_o, phase)
-        o_acc = inter_tmem.load(reg_tv) * gl.expand_dims(scale * gl.exp(gam_tv), 1) + acc_a.load(reg_tv)
+        o_acc = inter_tmem.load(reg_tv) * gl.expand_dims(o_scale, 1) + acc_a.load(reg_tv)
         tma.store_wait(0)  # the previous chunk's output has left o_smem
         gl.thread_barrier()
         o_smem.store(o_acc.to(dtype))
@@ -259,5 +272,5 @@ def scan_kernel(q, k, w, u, gam, cu_seqlens, h0, ht, state_indices, o, scale, T,
     for b in gl.static_range(6):
         mbarrier.invalidate(bars.index(b))
 
-    if ((flags & STORE_HT) != 0) & (slot >= 0):
+    if ((flags & SCAN_STORE_HT) != 0) & (slot >= 0):
         _store_state(ht, h_tmem, h_smem, slot, i_hv, i_v, HV, K, V, BV, TRANSPOSE_STATE, num_warps)

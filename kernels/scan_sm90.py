@@ -15,12 +15,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma
 
-from .common import causal_decay, sequence_bounds, state_tile_offsets, wgmma_layout
-
-HAS_H0 = gl.constexpr(1)  # the bits of `flags` (kernels/__init__.py)
-STORE_HT = gl.constexpr(2)
-USE_INDICES = gl.constexpr(4)
-
+from .common import (SCAN_HAS_H0, SCAN_L2NORM, SCAN_STORE_HT, SCAN_USE_INDICES, causal_decay, sequence_bounds,
+                     state_tile_offsets, wgmma_layout)
 
 @gluon.jit
 def _row_tile_desc(base, row_stride, seq_len, BT: gl.constexpr, COLS: gl.constexpr):
@@ -40,7 +36,7 @@ def _issue_chunk_loads(q_desc, k_desc, w_desc, u_desc, row, bar, q_buf, k_buf, w
 
 
 @gluon.jit
-def scan_kernel(q, k, w, u, gam, cu_seqlens, h0, ht, state_indices, o, scale, T, H, HV, flags,
+def scan_kernel(q, k, w, u, gam, rq, rk, cu_seqlens, h0, ht, state_indices, o, scale, T, H, HV, flags,
                 K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, IS_VARLEN: gl.constexpr,
                 TRANSPOSE_STATE: gl.constexpr, num_warps: gl.constexpr):
     dtype: gl.constexpr = q.dtype.element_ty
@@ -58,10 +54,10 @@ def scan_kernel(q, k, w, u, gam, cu_seqlens, h0, ht, state_indices, o, scale, T,
 
     # --- the state: slot i_n, or the caller's pool slot; a negative slot starts from zero and is not written.
     slot = i_n
-    if flags & USE_INDICES:
+    if flags & SCAN_USE_INDICES:
         slot = gl.load(state_indices + i_n)
     state_offs = state_tile_offsets(slot, i_hv, i_v, HV, K, V, BV, TRANSPOSE_STATE, acc_kv)
-    h = gl.load(h0 + state_offs, mask=((flags & HAS_H0) != 0) & (slot >= 0), other=0.0)
+    h = gl.load(h0 + state_offs, mask=((flags & SCAN_HAS_H0) != 0) & (slot >= 0), other=0.0)
 
     # --- per-sequence TMA descriptors (row bound = seq_len).
     row0 = bos.to(gl.int64)
@@ -84,10 +80,14 @@ def scan_kernel(q, k, w, u, gam, cu_seqlens, h0, ht, state_indices, o, scale, T,
     v_dec_smem = gl.allocate_shared_memory(dtype, [BT, BV], u_desc.layout)
     o_smem = gl.allocate_shared_memory(dtype, [BT, BV], o_desc.layout)
 
-    rows_tv = gl.arange(0, BT, gl.SliceLayout(1, acc_tv))
-    rows_tt = gl.arange(0, BT, gl.SliceLayout(1, acc_tt))
-    cols_tt = gl.arange(0, BT, gl.SliceLayout(0, acc_tt))
+    # per-row chunk data (gam, and the inverse q/k norms of use_qk_l2norm_in_kernel) is loaded once, one
+    # element a thread, then converted to the row/column slices of the MMA layouts that use it
+    vec_l: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+    rows = gl.arange(0, BT, vec_l)
     gam_head = gam + row0 * HV + i_hv
+    rq_head = rq + row0 * HV + i_hv
+    rk_head = rk + row0 * HV + i_hv
+    l2norm = (flags & SCAN_L2NORM) != 0
 
     if n_chunks > 0:
         _issue_chunk_loads(q_desc, k_desc, w_desc, u_desc, 0, ready.index(0),
@@ -102,11 +102,19 @@ def scan_kernel(q, k, w, u, gam, cu_seqlens, h0, ht, state_indices, o, scale, T,
 
         # gates of the chunk (fp32 cumsum from gdn_prepare), overlapping the TMA wait
         n_rows = seq_len - c * BT
-        gam_c = gam_head + (c * BT).to(gl.int64) * HV
-        gam_tv = gl.load(gam_c + rows_tv * HV, mask=rows_tv < n_rows, other=0.0)
-        gam_rows = gl.load(gam_c + rows_tt * HV, mask=rows_tt < n_rows, other=0.0)
-        gam_cols = gl.load(gam_c + cols_tt * HV, mask=cols_tt < n_rows, other=0.0)
-        gam_last = gl.load(gam_c + (gl.minimum(n_rows, BT) - 1) * HV)
+        row_offs = (c * BT + rows).to(gl.int64) * HV
+        valid = rows < n_rows
+        gam_v = gl.load(gam_head + row_offs, mask=valid, other=0.0)
+        gam_last = gl.load(gam_head + (c * BT + gl.minimum(n_rows, BT) - 1).to(gl.int64) * HV)
+        # use_qk_l2norm_in_kernel: q_i -> rq_i q_i and k_j -> rk_j k_j, folded into the row scalings below
+        rq_v = gl.load(rq_head + row_offs, mask=valid & l2norm, other=1.0)
+        rk_v = gl.load(rk_head + row_offs, mask=valid & l2norm, other=1.0)
+        o_scale = gl.convert_layout(scale * gl.exp(gam_v) * rq_v, gl.SliceLayout(1, acc_tv))
+        v_dec_scale = gl.convert_layout(gl.exp(gam_last - gam_v) * rk_v, gl.SliceLayout(1, acc_tv))
+        # scale and norms enter the decay's exponent: e^(gam_i - gam_j) scale rq_i rk_j
+        #   = e^((gam_i + ln(scale rq_i)) - (gam_j - ln rk_j))
+        decay_rows = gl.convert_layout(gam_v + gl.log(rq_v * scale), gl.SliceLayout(1, acc_tt))
+        decay_cols = gl.convert_layout(gam_v - gl.log(rk_v), gl.SliceLayout(0, acc_tt))
 
         mbarrier.wait(ready.index(s), (c // 2) & 1)
         q_s = q_ring.index(s)
@@ -118,17 +126,17 @@ def scan_kernel(q, k, w, u, gam, cu_seqlens, h0, ht, state_indices, o, scale, T,
         w_h = warpgroup_mma(w_ring.index(s), h_smem, gl.zeros([BT, BV], gl.float32, acc_tv), use_acc=False)
         v_new = u_ring.index(s).load(acc_tv).to(gl.float32) - w_h
         v_new_smem.store(v_new.to(dtype))
-        v_dec_smem.store((v_new * gl.expand_dims(gl.exp(gam_last - gam_tv), 1)).to(dtype))
+        v_dec_smem.store((v_new * gl.expand_dims(v_dec_scale, 1)).to(dtype))
 
         # intra-chunk scores, causally masked with the decay; kept as the bf16 A operand of the next MMA
         scores = warpgroup_mma(q_s, k_s.permute((1, 0)), gl.zeros([BT, BT], gl.float32, acc_tt), use_acc=False)
-        scores = scores * causal_decay(gam_rows, gam_cols, n_rows, STRICT=False) * scale
+        scores = scores * causal_decay(decay_rows, decay_cols, n_rows, STRICT=False)
         scores = gl.convert_layout(scores.to(dtype), gl.DotOperandLayout(0, acc_tv, 2))
         fence_async_shared()
 
         # o = scale e^gam (q h) + scores v_new
         q_h = warpgroup_mma(q_s, h_smem, gl.zeros([BT, BV], gl.float32, acc_tv), use_acc=False)
-        o_acc = warpgroup_mma(scores, v_new_smem, q_h * gl.expand_dims(scale * gl.exp(gam_tv), 1))
+        o_acc = warpgroup_mma(scores, v_new_smem, q_h * gl.expand_dims(o_scale, 1))
         tma.store_wait(0)  # the previous chunk's output has left o_smem
         gl.thread_barrier()
         o_smem.store(o_acc.to(dtype))
@@ -141,4 +149,4 @@ def scan_kernel(q, k, w, u, gam, cu_seqlens, h0, ht, state_indices, o, scale, T,
     for stage in gl.static_range(2):
         mbarrier.invalidate(ready.index(stage))
 
-    gl.store(ht + state_offs, h, mask=((flags & STORE_HT) != 0) & (slot >= 0))
+    gl.store(ht + state_offs, h, mask=((flags & SCAN_STORE_HT) != 0) & (slot >= 0))

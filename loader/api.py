@@ -1,8 +1,7 @@
 """The public forward: ``gdn_aot.chunk_gated_delta_rule``, a drop-in for fla's function of the same name.
 
-It checks its arguments on the host (shapes, dtypes, devices: no device-to-host copy), then runs the
-AOT-built kernels through the generated launcher on the caller's current stream:
-    gdn_l2norm (if use_qk_l2norm_in_kernel) -> gdn_prepare -> gdn_scan
+It checks its arguments on the host (shapes, dtypes, devices: no device-to-host copy), then runs the two
+AOT-built kernels through the generated launcher on the caller's current stream: gdn_prepare -> gdn_scan
 No triton import, no compiler, and no device-to-host synchronisation: cu_seqlens stays on the GPU and every
 grid is sized from an upper bound (T // 64 + N chunk slots), so the call can be captured in a CUDA graph.
 """
@@ -13,12 +12,13 @@ import math
 
 import torch
 
-from gdn_aot.kernels import SCAN_HAS_H0, SCAN_STORE_HT, SCAN_USE_INDICES
+from gdn_aot.kernels import PREPARE_L2NORM, SCAN_HAS_H0, SCAN_L2NORM, SCAN_STORE_HT, SCAN_USE_INDICES
 from gdn_aot.loader.runtime import Artifacts
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 _BT = 64
 _sm_count: dict[int, int] = {}
+_artifact_sets: dict[tuple, tuple] = {}
 
 
 def chunk_gated_delta_rule(
@@ -117,9 +117,12 @@ def chunk_gated_delta_rule(
         if x is not None and x.device != device:
             raise ValueError(f"{name} is on {x.device} but q is on {device}: all tensors must be on one device")
 
-    # 3. artifacts for this device's arch
-    arts = Artifacts.for_device(device, root=artifacts)
-    _check_head_dims(arts, K, V)
+    # 3. artifacts for this device's arch (looked up once per device and root)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    arts, built_dims = _artifact_set(index, artifacts)
+    if (K, V) not in built_dims:
+        raise ValueError(f"head dims K={K}, V={V} are not built for {arts.arch}; built (K, V): {sorted(built_dims)}. "
+                         f"Add them to a spec's K/V and rebuild (gdn-aot build SPEC).")
 
     g = g.to(torch.float32).contiguous()
     beta = beta.to(torch.float32).contiguous()
@@ -143,7 +146,6 @@ def chunk_gated_delta_rule(
     if output is None:
         output = torch.empty_like(v)
 
-    index = device.index if device.index is not None else torch.cuda.current_device()
     # launches go to the tensors' device whatever the current device is
     on_device = torch.cuda.device(index) if index != torch.cuda.current_device() else contextlib.nullcontext()
     with on_device:
@@ -155,35 +157,29 @@ def chunk_gated_delta_rule(
 def _forward(arts, index, q, k, v, g, beta, scale, cu_ptr, num_seqs, rows, T, H, HV, K, V, dtype, varlen,
              transpose_state, l2norm, initial_state, output_state, state_indices, flags, output):
     stream = torch.cuda.current_stream(index).cuda_stream
-    if l2norm:
-        norm = arts.pick("gdn_l2norm", dtype=dtype, K=K)
-        q_in, k_in = torch.empty_like(q), torch.empty_like(k)
-        for x, y in ((q, q_in), (k, k_in)):
-            n = rows * H
-            _launch(norm, (_cdiv(n, 64), 1, 1), stream, q.device, x.data_ptr(), y.data_ptr(), n)
-    else:
-        q_in, k_in = q, k
-
-    # w, u (input dtype) and gam (fp32) for gdn_scan: one allocation carved into views
+    dev = q.device
+    # workspace, one allocation carved into views: w, u (input dtype), gam (fp32), and with l2norm rq, rk (fp32)
     elt = q.element_size()
-    wu_bytes = rows * HV * (K + V) * elt
-    work = torch.empty(wu_bytes + rows * HV * 4, device=q.device, dtype=torch.uint8)
-    w = work[: rows * HV * K * elt]
-    u = work[rows * HV * K * elt: wu_bytes]
-    gam = work[wu_bytes:]
+    sizes = [rows * HV * K * elt, rows * HV * V * elt, rows * HV * 4] + [rows * HV * 4] * (2 if l2norm else 0)
+    work = torch.empty(sum(sizes), device=dev, dtype=torch.uint8)
+    ptrs, offset = [], work.data_ptr()
+    for size in sizes:
+        ptrs.append(offset)
+        offset += size
+    w, u, gam = ptrs[:3]
+    rq, rk = ptrs[3:] if l2norm else (0, 0)
 
     T_arg = rows if varlen else T
-    dev = q.device
     prepare = arts.pick("gdn_prepare", dtype=dtype, K=K, V=V, varlen=varlen)
     slots = rows // _BT + num_seqs if varlen else num_seqs * _cdiv(T, _BT)
-    _launch(prepare, (slots, HV, 1), stream, dev, k_in.data_ptr(), v.data_ptr(), g.data_ptr(), beta.data_ptr(),
-            cu_ptr, w.data_ptr(), u.data_ptr(), gam.data_ptr(), T_arg, num_seqs, H, HV)
+    _launch(prepare, (slots, HV, 1), stream, dev, q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr(),
+            beta.data_ptr(), cu_ptr, w, u, gam, rq, rk, T_arg, num_seqs, H, HV, PREPARE_L2NORM if l2norm else 0)
 
     BV = arts.choose_BV("gdn_scan", num_seqs * HV, _sms(index))
     scan = arts.pick("gdn_scan", dtype=dtype, K=K, V=V, varlen=varlen, transpose=transpose_state, BV=BV)
-    _launch(scan, (num_seqs, HV, V // scan.axes["BV"]), stream, dev, q_in.data_ptr(), k_in.data_ptr(), w.data_ptr(),
-            u.data_ptr(), gam.data_ptr(), cu_ptr, _ptr(initial_state), _ptr(output_state), _ptr(state_indices),
-            output.data_ptr(), scale, T_arg, H, HV, flags)
+    _launch(scan, (num_seqs, HV, V // scan.axes["BV"]), stream, dev, q.data_ptr(), k.data_ptr(), w, u, gam, rq, rk,
+            cu_ptr, _ptr(initial_state), _ptr(output_state), _ptr(state_indices), output.data_ptr(), scale, T_arg,
+            H, HV, flags | (SCAN_L2NORM if l2norm else 0))
     return output, output_state
 
 
@@ -228,12 +224,15 @@ def _check_gate(name, x, shape):
         raise TypeError(f"{name} must be float32, bfloat16 or float16, got {x.dtype}")
 
 
-def _check_head_dims(arts, K, V):
-    built = sorted({(e["axes"]["K"], e["axes"]["V"]) for e in arts.manifest.variants.values()
-                    if e["kernel"] == "gdn_scan"})
-    if (K, V) not in built:
-        raise ValueError(f"head dims K={K}, V={V} are not built for {arts.arch}; built (K, V): {built}. "
-                         f"Add them to a spec's K/V and rebuild (gdn-aot build SPEC).")
+def _artifact_set(index: int, root):
+    """(ArtifactSet, built (K, V) pairs) for a device index and artifact root, cached after the first call."""
+    key = (index, root)
+    hit = _artifact_sets.get(key)
+    if hit is None:
+        arts = Artifacts.for_device(index, root=root)
+        dims = {(e["axes"]["K"], e["axes"]["V"]) for e in arts.manifest.variants.values() if e["kernel"] == "gdn_scan"}
+        hit = _artifact_sets[key] = (arts, frozenset(dims))
+    return hit
 
 
 def _check_cu_seqlens(cu, B, T, validate) -> int:

@@ -3,7 +3,7 @@
 Layout written by `gdn-aot build` (docs/artifacts.md):
     ROOT/<arch>/manifest.json           written last; the loader trusts nothing a manifest does not list
     ROOT/<arch>/cubins/<sha256>.cubin      content-addressed; ptx/<sha256>.ptx is the PTX it came from
-    ROOT/<arch>/launcher/{gdn_aot_launch.h, gdn_aot_launch.c, libgdn_aot_launch.so}
+    ROOT/<arch>/launcher/{gdn_aot_launch.h, gdn_aot_launch.c, libgdn_aot_launch.so.<ABI>, libgdn_aot_launch.so -> .so.<ABI>}
     ROOT/<arch>/kernels.tsv
 """
 from __future__ import annotations
@@ -16,7 +16,8 @@ from pathlib import Path
 from gdn_aot.loader.errors import ArtifactsNotFound, CorruptArtifact, UnsupportedDevice, build_command
 
 MANIFEST_SCHEMA_VERSION = 1
-LAUNCHER_ABI_VERSION = 1
+# 2: gdn_l2norm removed (fused), gdn_prepare/gdn_scan take q, rq, rk, flags; library versioned (.so.2 soname)
+LAUNCHER_ABI_VERSION = 2
 ENV_VAR = "GDN_AOT_ARTIFACTS"
 
 # Triton targets arch-specific sm_90a / sm_100a: such cubins run on exactly that capability (an sm_100a cubin

@@ -85,6 +85,17 @@ def tiny_build(tmp_path_factory) -> Build:
     return Build(out, build_spec(REPO / "specs" / "tiny.yaml", out))
 
 
+@pytest.fixture(scope="session")
+def project_wheel(tmp_path_factory) -> Path:
+    """The pure gdn_aot wheel of this checkout (pip wheel --no-deps), built once per session."""
+    out = tmp_path_factory.mktemp("wheel")
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                        "-w", str(out), str(REPO)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    (whl,) = out.glob("gdn_aot-*.whl")
+    return whl
+
+
 @pytest.fixture
 def tiny_copy(tiny_build, tmp_path) -> Build:
     """A private copy of the tiny build, for tests that tamper with it."""

@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
 
 import pytest
 from click.testing import CliRunner
@@ -15,7 +18,7 @@ from gdn_aot.loader.artifacts import LAUNCHER_ABI_VERSION, MANIFEST_SCHEMA_VERSI
 
 from conftest import ARCHES, REPO, build_spec, source_exists, source_module
 
-KERNEL_ARCH = [(k, a) for a in ARCHES for k in ("gdn_l2norm", "gdn_prepare", "gdn_scan")]
+KERNEL_ARCH = [(k, a) for a in ARCHES for k in ("gdn_prepare", "gdn_scan")]
 
 
 def test_no_unexpected_failures(tiny_build):
@@ -44,7 +47,10 @@ def test_manifest_contents(tiny_build, arch):
     assert m["ptxas_version"].startswith("12.8" if arch == "sm_90a" else "12.9")
     assert len(m["spec"]["sha256"]) == 64 and m["spec"]["path"].endswith("tiny.yaml")
     assert m["dispatch"] == load_spec(REPO / "specs" / "tiny.yaml").dispatch.get(arch, {})
-    assert set(m["kernels"]) == {"gdn_l2norm", "gdn_prepare", "gdn_scan"}
+    assert set(m["kernels"]) == set(KERNELS) == {"gdn_prepare", "gdn_scan"}
+    for name, fam in m["kernels"].items():  # the family's launcher params are the registry's, in order
+        assert [p["name"] for p in fam["params"]] == [n for n, _ in KERNELS[name].params]
+        assert fam["launch_function"] == f"gdn_aot_launch_{name}"
     for key, e in m["variants"].items():
         kd = KERNELS[e["kernel"]]
         assert e["key"] == key and e["axes"]["arch"] == arch and e["grid"] == kd.grid
@@ -57,11 +63,28 @@ def test_manifest_contents(tiny_build, arch):
         assert e["resources"]["registers"] > 0 and len(e["input_hash"]) == 64
         assert e["sass"]["total"] > 0
     launcher = tiny_build.out / arch / "launcher"
-    assert {p.name for p in launcher.iterdir()} == {"gdn_aot_launch.h", "gdn_aot_launch.c", "libgdn_aot_launch.so"}
+    soname = f"libgdn_aot_launch.so.{LAUNCHER_ABI_VERSION}"
+    assert {p.name for p in launcher.iterdir()} == {"gdn_aot_launch.h", "gdn_aot_launch.c", soname,
+                                                    "libgdn_aot_launch.so"}
+    assert m["launcher"]["library"] == f"launcher/{soname}" and m["launcher"]["soname"] == soname
+    assert set(m["launcher"]["files"]) == {"gdn_aot_launch.h", "gdn_aot_launch.c", soname}
+    # the unversioned name is the development symlink (for -lgdn_aot_launch), pointing at the versioned file
+    assert (launcher / "libgdn_aot_launch.so").is_symlink()
+    assert os.readlink(launcher / "libgdn_aot_launch.so") == soname
+    readelf = subprocess.run(["readelf", "-d", str(launcher / soname)], capture_output=True, text=True)
+    if readelf.returncode == 0:
+        assert f"Library soname: [{soname}]" in readelf.stdout
+        needed = re.findall(r"Shared library: \[([^\]]+)\]", readelf.stdout)
+        assert not any("cuda" in n for n in needed), needed  # libcuda is dlopen'ed, never linked
     header = (launcher / "gdn_aot_launch.h").read_text()
     assert f"#define GDN_AOT_LAUNCHER_ABI_VERSION {LAUNCHER_ABI_VERSION}" in header
-    for name in ("gdn_l2norm", "gdn_prepare", "gdn_scan"):  # one function per family, built or not
-        assert f"CUresult gdn_aot_launch_{name}(const gdn_aot_kernel_t *kern, CUstream stream" in header
+    assert "gdn_l2norm" not in header  # the family is gone (fused into gdn_prepare / gdn_scan)
+    for name, kd in KERNELS.items():  # one function per family, built or not, with the registry's params in order
+        decl = re.search(rf"CUresult gdn_aot_launch_{name}\(const gdn_aot_kernel_t \*kern, CUstream stream, "
+                         rf"unsigned gx, unsigned gy, unsigned gz,(.*?)\);", header, re.S)
+        assert decl, name
+        names = re.findall(r"(?:CUdeviceptr|int32_t|uint32_t|int64_t|uint64_t|float|double) (\w+),?", decl.group(1))
+        assert names == [n for n, _ in kd.params] + ["global_scratch"], (name, names)
 
 
 @pytest.mark.parametrize("arch", ARCHES)
@@ -73,8 +96,12 @@ def test_kernels_tsv(tiny_build, arch):
     assert sorted(r[0] for r in rows) == sorted(m["variants"])
     for r in rows:
         e = m["variants"][r[0]]
-        assert r[1:8] == [e["kernel"], e["entry"], e["cubin"]["path"], str(e["num_warps"]), str(e["shared"]),
-                          str(e["global_scratch_size"]), str(e["global_scratch_align"])]
+        assert len(r) == len(TSV_COLUMNS)
+        assert r[1:9] == [e["kernel"], e["entry"], e["cubin"]["path"], str(e["num_warps"]), str(e["shared"]),
+                          str(e["global_scratch_size"]), str(e["global_scratch_align"]), e["grid"]]
+        a = e["axes"]
+        assert r[9:] == [a["dtype"], str(a["K"]), str(a["V"]), str(a["BT"]), str(a["BK"]), str(a["BV"]),
+                         str(int(a["varlen"])), str(int(a["transpose"]))]
 
 
 def test_incremental_rebuild_reuses_everything(tiny_build):
@@ -102,19 +129,19 @@ def test_reproducible(tiny_build, tmp_path):
 
 def test_failed_variant_is_reported_and_the_rest_builds(tmp_path, monkeypatch):
     """A broken variant gets a log, is left out of the manifest, and the CLI exits 1 naming it."""
-    base = KERNELS["gdn_l2norm"]
+    base = KERNELS["gdn_prepare"]
     monkeypatch.setitem(KERNELS, "gdn_broken", KernelDef(
         name="gdn_broken", params=base.params, constexprs=base.constexprs,
         sources={"sm90": "gdn_aot.kernels.no_such_module:k"}, grid="(1, 1, 1)", uses_axes=base.uses_axes))
     spec = tmp_path / "s.yaml"
-    spec.write_text("K: 128\nV: 128\narches: [sm_90a]\nkernels:\n  gdn_l2norm: {dtype: bf16}\n"
-                    "  gdn_broken: {dtype: bf16}\n")
+    spec.write_text("K: 128\nV: 128\narches: [sm_90a]\nkernels:\n  gdn_prepare: {dtype: bf16, varlen: true}\n"
+                    "  gdn_broken: {dtype: bf16, varlen: true}\n")
     out = tmp_path / "out"
     r = CliRunner().invoke(cli.main, ["build", str(spec), "--out", str(out), "-j", "2"])
     assert r.exit_code == 1, r.output
     assert "FAILED" in r.output and "gdn_broken.sm_90a" in r.output and "1 compiled" in r.output
     m = json.loads((out / "sm_90a" / "manifest.json").read_text())
-    assert [e["kernel"] for e in m["variants"].values()] == ["gdn_l2norm"]
+    assert [e["kernel"] for e in m["variants"].values()] == ["gdn_prepare"]
     (key, log), = m["failed"].items()
     assert key.startswith("gdn_broken.") and "no_such_module" in (out / "sm_90a" / log).read_text()
     assert "gdn_aot_launch_gdn_broken" in (out / "sm_90a" / "launcher" / "gdn_aot_launch.h").read_text()
@@ -124,7 +151,8 @@ def test_worker_crash_is_contained(tmp_path, monkeypatch):
     """A worker that dies (as LLVM aborts do) fails its variant only, with the output as its log."""
     from gdn_aot.build.spec import parse_spec
 
-    spec = parse_spec({"K": 128, "V": 128, "arches": ["sm_90a"], "kernels": {"gdn_l2norm": {"dtype": ["bf16", "fp16"]}}})
+    spec = parse_spec({"K": 128, "V": 128, "arches": ["sm_90a"],
+                       "kernels": {"gdn_prepare": {"dtype": ["bf16", "fp16"], "varlen": True}}})
     real_run = compile_mod.subprocess.run
 
     def run(cmd, **kw):

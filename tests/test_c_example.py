@@ -1,15 +1,26 @@
-"""examples/c/run_gdn.c compiles (-Wall -Werror) against each arch's generated header and launcher library alone."""
+"""The C and C++ consumers of the launcher ABI, on the CPU: examples/c/run_gdn.c (one gdn_prepare launch) and
+examples/cpp/gdn_forward.cpp (a whole forward, gdn_aot_forward.hpp) compile with -Wall -Werror against each
+arch's generated header and versioned launcher library alone, reach the driver only through the launcher, and
+the C++ program picks the variants, grids and workspace the Python API uses (--dry-run needs no GPU).
+Running them on a GPU: test_c_example_runs_on_gpu below and tests/test_gpu_cpp.py."""
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 
 import pytest
 
 from gdn_aot.build.toolchain import cc, cuda_include
+from gdn_aot.loader import Artifacts
+from gdn_aot.loader.artifacts import LAUNCHER_ABI_VERSION
 
 from conftest import ARCHES, REPO
 
 EXAMPLE = REPO / "examples" / "c" / "run_gdn.c"
+CPP_DIR = REPO / "examples" / "cpp"
+CPP_EXAMPLE = CPP_DIR / "gdn_forward.cpp"
+CXXFLAGS = ("-std=c++17", "-O2", "-Wall", "-Wextra", "-Werror", "-pedantic")
 
 
 def compile_example(build, arch, tmp_path):
@@ -22,12 +33,41 @@ def compile_example(build, arch, tmp_path):
     return exe
 
 
+def cxx() -> str:
+    for name in (os.environ.get("CXX"), "g++", "c++", "clang++"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    pytest.skip("no C++ compiler (g++)")
+
+
+def compile_cpp_example(build, arch, tmp_path):
+    """examples/cpp/gdn_forward.cpp linked against the arch's launcher only (no -lcuda)."""
+    launcher = build.out / arch / "launcher"
+    exe = tmp_path / f"gdn_forward_{arch}"
+    cmd = [cxx(), *CXXFLAGS, f"-I{launcher}", f"-I{cuda_include()}", f"-I{CPP_DIR}", str(CPP_EXAMPLE),
+           f"-L{launcher}", "-lgdn_aot_launch", f"-Wl,-rpath,{launcher}", "-o", str(exe)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stderr}"
+    return exe
+
+
+def undefined_symbols(exe) -> str:
+    return subprocess.run(["nm", "-D", "--undefined-only", str(exe)], capture_output=True, text=True).stdout
+
+
+def needed_libraries(exe) -> list[str]:
+    out = subprocess.run(["readelf", "-d", str(exe)], capture_output=True, text=True).stdout
+    return [ln.split("[")[1].rstrip("]") for ln in out.splitlines() if "(NEEDED)" in ln]
+
+
 @pytest.mark.parametrize("arch", ARCHES)
 def test_c_example_compiles_and_links(tiny_build, arch, tmp_path):
-    tiny_build.require(arch, "gdn_l2norm")
+    tiny_build.require(arch, "gdn_prepare")
     exe = compile_example(tiny_build, arch, tmp_path)
-    nm = subprocess.run(["nm", "-D", "--undefined-only", str(exe)], capture_output=True, text=True).stdout
-    assert "gdn_aot_launch_gdn_l2norm" in nm and " cu" not in nm  # the driver only through the launcher
+    nm = undefined_symbols(exe)
+    assert "gdn_aot_launch_gdn_prepare" in nm and " cu" not in nm  # the driver only through the launcher
+    # linked against the versioned soname, so a launcher of another ABI is refused by the dynamic loader
+    assert f"libgdn_aot_launch.so.{LAUNCHER_ABI_VERSION}" in needed_libraries(exe)
 
 
 def test_launcher_header_compiles_as_cxx(tiny_build, tmp_path):
@@ -35,11 +75,66 @@ def test_launcher_header_compiles_as_cxx(tiny_build, tmp_path):
     src = tmp_path / "t.cc"
     src.write_text('#include "gdn_aot_launch.h"\nint main() { return gdn_aot_abi_version() == 0; }\n')
     launcher = tiny_build.out / "sm_90a" / "launcher"
-    r = subprocess.run(["c++", "-Wall", "-Werror", "-fsyntax-only", f"-I{launcher}", f"-I{cuda_include()}",
-                        str(src)], capture_output=True, text=True)
-    if r.returncode and "not found" in r.stderr + r.stdout and "c++" in r.stderr:
-        pytest.skip("no C++ compiler")
+    r = subprocess.run([cxx(), *CXXFLAGS, "-fsyntax-only", f"-I{launcher}", f"-I{cuda_include()}", str(src)],
+                       capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_cpp_example_compiles_and_links(tiny_build, arch, tmp_path):
+    tiny_build.require(arch, "gdn_prepare")
+    tiny_build.require(arch, "gdn_scan")
+    exe = compile_cpp_example(tiny_build, arch, tmp_path)
+    nm = undefined_symbols(exe)
+    assert "gdn_aot_launch_gdn_prepare" in nm and "gdn_aot_launch_gdn_scan" in nm and "gdn_aot_driver" in nm
+    assert " cu" not in nm and not any("cuda" in lib for lib in needed_libraries(exe))  # libcuda only via dlopen
+    assert f"libgdn_aot_launch.so.{LAUNCHER_ABI_VERSION}" in needed_libraries(exe)
+
+
+def _dry_run(exe, arch_dir, *args) -> dict:
+    r = subprocess.run([str(exe), str(arch_dir), "--dry-run", *args], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return dict(line.split(": ", 1) for line in r.stdout.splitlines() if ": " in line)
+
+
+@pytest.mark.parametrize("arch, cap", [("sm_90a", (9, 0)), ("sm_100a", (10, 0))])
+@pytest.mark.parametrize("transpose", [False, True])
+def test_cpp_example_picks_what_the_python_api_picks(tiny_build, tmp_path, arch, cap, transpose):
+    """--dry-run: the C++ helper's variants, grids and workspace size for a varlen batch, against the loader's
+    pick() and the workspace layout the Python API allocates (w, u in bf16; gam, rq, rk fp32; scratch)."""
+    tiny_build.require(arch, "gdn_prepare")
+    tiny_build.require(arch, "gdn_scan")
+    exe = compile_cpp_example(tiny_build, arch, tmp_path)
+    lens, H, HV, K, V = [100, 1, 0, 300], 2, 4, 128, 128
+    s = Artifacts.for_device(0, capability=cap, root=tiny_build.out)
+    BV = s.dispatch("gdn_scan")["default_BV"]
+    extra = ["--lens", ",".join(map(str, lens)), "--heads", f"{H},{HV}", "--bv", str(BV)]
+    got = _dry_run(exe, tiny_build.out / arch, *extra, *(["--transpose"] if transpose else []))
+    prep = s.pick("gdn_prepare", dtype="bf16", K=K, V=V, varlen=True)
+    scan = s.pick("gdn_scan", dtype="bf16", K=K, V=V, varlen=True, transpose=transpose, BV=BV)
+    assert (got["prepare"], got["scan"]) == (prep.key, scan.key)
+    rows, n = sum(lens), len(lens)
+    pgrid, sgrid = (rows // 64 + n, HV, 1), (n, HV, V // BV)
+    assert got["prepare_grid"] == " ".join(map(str, pgrid)) and got["scan_grid"] == " ".join(map(str, sgrid))
+    a = lambda b: -(-b // 256) * 256  # noqa: E731  (each region 256-byte aligned)
+    want = (a(rows * HV * K * 2) + a(rows * HV * V * 2) + 3 * a(rows * HV * 4)
+            + a(max(prep.scratch_bytes(pgrid), scan.scratch_bytes(sgrid))))
+    assert int(got["workspace_bytes"]) == want
+
+
+def test_cpp_example_errors_are_clear(tiny_build, tmp_path):
+    tiny_build.require("sm_90a", "gdn_scan")
+    exe = compile_cpp_example(tiny_build, "sm_90a", tmp_path)
+    r = subprocess.run([str(exe), str(tiny_build.out / "sm_90a"), "--dry-run", "--bv", "32"],
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and "BV=32 is not built" in r.stderr and "gdn_scan.sm_90a.bf16" in r.stderr
+    r = subprocess.run([str(exe), str(tmp_path / "nowhere")], capture_output=True, text=True)
+    assert r.returncode == 1 and "kernels.tsv" in r.stderr and "gdn-aot build" in r.stderr
+    r = subprocess.run([str(exe)], capture_output=True, text=True)
+    assert r.returncode == 1 and "usage: gdn_forward ARTIFACT_DIR" in r.stderr
+    if not os.path.exists("/dev/nvidiactl"):  # no driver: a clear message, not a crash
+        r = subprocess.run([str(exe), str(tiny_build.out / "sm_90a")], capture_output=True, text=True)
+        assert r.returncode == 1 and "gdn_aot_init" in r.stderr and "libcuda.so.1" in r.stderr
 
 
 @pytest.mark.gpu

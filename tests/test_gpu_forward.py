@@ -1,7 +1,8 @@
 """The forward on a real GPU (the H200: sm_90a artifacts built on the CPU machine), against the fp64 token
 recurrence (small cases, CPU) or the fp32 chunked reference (large cases, GPU), and against fla when installed.
 
-Every check draws fresh random inputs, poisons the outputs with NaN first (so an unwritten element fails),
+fla (JIT + autotune, ~10-30 s per new configuration) is compared on the fixed-configuration cases only
+(single lengths, varlen, the Qwen shape). Every check draws fresh random inputs, poisons the outputs with NaN first (so an unwritten element fails),
 and verifies the inputs come back unmodified. Tolerances: max |out - ref| / max |ref| <= TOL[dtype].
 """
 from __future__ import annotations
@@ -67,7 +68,7 @@ def fla_forward(q, k, v, g, beta, h0, cu, l2norm):
 
 
 def run_case(name, lens, H=2, HV=4, dtype=torch.bfloat16, g_range=(-1.0, 0.0), l2norm=True, with_h0=True,
-             final=True, transpose=False, batch=None, seed=0, compare_fla=True):
+             final=True, transpose=False, batch=None, seed=0, compare_fla=False):
     import gdn_aot
 
     q, k, v, g, beta, cu = make_inputs(lens, H, HV, dtype, g_range, l2norm, batch, seed)
@@ -116,7 +117,7 @@ def run_case(name, lens, H=2, HV=4, dtype=torch.bfloat16, g_range=(-1.0, 0.0), l
 
 @pytest.mark.parametrize("T", [1, 63, 64, 65, 127, 128, 1000, 4096, 16384])
 def test_single_sequence_lengths(T):
-    run_case(f"1x{T}", [T])
+    run_case(f"1x{T}", [T], compare_fla=True)
 
 
 @pytest.mark.parametrize("T", [1, 65, 200])
@@ -131,7 +132,7 @@ def test_fixed_length_batch(T):
     ("64 sequences", [int(x) for x in torch.randint(1, 300, (64,), generator=torch.Generator().manual_seed(1))]),
 ])
 def test_varlen(name, lens):
-    run_case(f"varlen {name}", lens)
+    run_case(f"varlen {name}", lens, compare_fla=True)
 
 
 @pytest.mark.parametrize("with_h0", [False, True])
@@ -155,7 +156,7 @@ def test_gate_extremes(g_range):
 
 
 def test_qwen_shape_long():
-    run_case("H=16 HV=32 1x8192", [8192], H=16, HV=32)
+    run_case("H=16 HV=32 1x8192", [8192], H=16, HV=32, compare_fla=True)
 
 
 def test_state_pool_in_place():

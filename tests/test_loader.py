@@ -14,6 +14,7 @@ from gdn_aot.loader import (
     Artifacts, ArtifactsNotFound, CorruptArtifact, DriverError, Launcher, Manifest, UnsupportedDevice,
     VariantNotBuilt, arch_for_capability, find_root,
 )
+from gdn_aot.kernels import KERNELS, PREPARE_L2NORM
 from gdn_aot.loader.artifacts import LAUNCHER_ABI_VERSION
 
 from conftest import run_cli
@@ -45,6 +46,7 @@ def test_other_capabilities_are_unsupported(tiny_build, cap):
 def test_pick(tiny_build):
     s = Artifacts.for_device(0, capability=(9, 0), root=tiny_build.out)
     tiny_build.require("sm_90a", "gdn_scan")
+    (prep_key,) = tiny_build.require("sm_90a", "gdn_prepare")
     default_bv = s.dispatch("gdn_scan")["default_BV"]
     k = s.pick("gdn_scan", dtype="bf16", varlen=True, transpose=True)
     assert k.key.startswith("gdn_scan.sm_90a.bf16.") and ".vk." in k.key and k.axes["BV"] == default_bv
@@ -55,8 +57,14 @@ def test_pick(tiny_build):
     assert s.kernel(k.key) is k
     assert k.scratch_bytes((2, 3, 1)) == 6 * k.scratch_size
     assert k.params[-1]["name"] == "profile_scratch" and k.grid_rule == "(num_seqs, HV, V // BV)"
-    # l2norm ignores varlen (not among its uses_axes): any value finds the one built variant
-    assert s.pick("gdn_l2norm", dtype="bf16", varlen=True).name == "gdn_l2norm"
+    # prepare ignores transpose and BV (not among its uses_axes): any value finds the one built variant
+    for transpose, bv in ((False, None), (True, 32), (True, 64)):
+        assert s.pick("gdn_prepare", dtype="bf16", varlen=True, transpose=transpose, BV=bv).key == prep_key
+    p = s.kernel(prep_key)
+    assert [x["name"] for x in p.params][:6] == ["q", "k", "v", "g", "beta", "cu_seqlens"]
+    assert p.grid_rule.startswith("varlen: (T // BT + num_seqs, HV, 1)")
+    with pytest.raises(VariantNotBuilt, match="gdn_prepare"):  # tiny.yaml builds no fixed-length prepare
+        s.pick("gdn_prepare", dtype="bf16", varlen=False)
 
 
 def test_choose_bv(tiny_build):
@@ -159,8 +167,10 @@ def test_launcher_library_opens_without_a_driver(tiny_build, arch):
     lib = Launcher.open(Manifest(tiny_build.out, arch).verify_launcher())
     assert lib.lib.gdn_aot_abi_version() == LAUNCHER_ABI_VERSION
     assert lib.error_string(0) == "no error"
-    for kernel in ("gdn_l2norm", "gdn_prepare", "gdn_scan"):
+    for kernel in KERNELS:
         assert hasattr(lib.lib, f"gdn_aot_launch_{kernel}")
+    assert not hasattr(lib.lib, "gdn_aot_launch_gdn_l2norm")  # fused away in launcher ABI 2
+    assert lib.path.name == f"libgdn_aot_launch.so.{LAUNCHER_ABI_VERSION}"
     if not os.path.exists("/dev/nvidiactl"):
         with pytest.raises(DriverError, match="gdn_aot_init failed"):
             lib.init()
@@ -173,27 +183,55 @@ def test_loader_never_imports_triton(tiny_build, tmp_path):
         import gdn_aot
         from gdn_aot.loader import Artifacts, Launcher
         s = Artifacts.for_device(0, capability=(9, 0), root={str(tiny_build.out)!r})
-        k = s.pick("gdn_l2norm", dtype="bf16")
+        k = s.pick("gdn_prepare", dtype="bf16", K=128, V=128, varlen=True)
+        s.pick("gdn_scan", dtype="bf16", K=128, V=128, varlen=True, transpose=False, BV=64)
         lib = Launcher.open(s.manifest.verify_launcher())
-        assert lib.lib.gdn_aot_abi_version() == 1
+        assert lib.lib.gdn_aot_abi_version() == {LAUNCHER_ABI_VERSION}
         print(json.dumps({{"key": k.key, "modules": sorted(m for m in sys.modules if m.split(".")[0] in
                            ("triton", "torch") or m.startswith("gdn_aot.build") or m.startswith("gdn_aot.kernels"))}}))
     """)
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    assert out["key"].startswith("gdn_l2norm.sm_90a.bf16")
+    assert out["key"].startswith("gdn_prepare.sm_90a.bf16")
     assert out["modules"] == [], f"the loader imported {out['modules']}"
 
 
 @pytest.mark.gpu
-def test_l2norm_through_the_loader_on_gpu(tiny_build):
+def test_prepare_through_the_loader_on_gpu(tiny_build):
+    """gdn_prepare launched directly (ABI 2 argument list): chunk-local cumsum of g and, with PREPARE_L2NORM,
+    the inverse L2 norms of the q and k rows, one per (token, value head)."""
     import torch
 
+    tiny_build.require(arch_for_capability(torch.cuda.get_device_capability(0)), "gdn_prepare")
     s = Artifacts.for_device(0, root=tiny_build.out)
-    k = s.pick("gdn_l2norm", dtype="bf16")
-    x = torch.randn(1000, 128, device="cuda", dtype=torch.bfloat16)
-    y = torch.empty_like(x)
-    k.launch(((1000 + 63) // 64, 1, 1), torch.cuda.current_stream().cuda_stream, x.data_ptr(), y.data_ptr(), 1000)
-    ref = x.float() / torch.sqrt((x.float() ** 2).sum(-1, keepdim=True) + 1e-6)
-    torch.testing.assert_close(y.float(), ref, atol=2e-2, rtol=2e-2)
+    kern = s.pick("gdn_prepare", dtype="bf16", K=128, V=128, varlen=True)
+    lens, H, HV, K, V = [70, 1, 0, 130], 2, 4, 128, 128
+    rows, n = sum(lens), len(lens)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(rows, H, K, device="cuda", generator=gen).to(torch.bfloat16)
+    k = torch.randn(rows, H, K, device="cuda", generator=gen).to(torch.bfloat16)
+    v = torch.randn(rows, HV, V, device="cuda", generator=gen).to(torch.bfloat16)
+    g = -torch.rand(rows, HV, device="cuda", generator=gen)
+    beta = torch.rand(rows, HV, device="cuda", generator=gen)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
+    w = torch.empty(rows, HV, K, device="cuda", dtype=torch.bfloat16)
+    u = torch.empty(rows, HV, V, device="cuda", dtype=torch.bfloat16)
+    gam, rq, rk = (torch.full((rows, HV), float("nan"), device="cuda") for _ in range(3))
+    grid = (rows // 64 + n, HV, 1)
+    scratch = torch.empty(max(kern.scratch_bytes(grid), 1), device="cuda", dtype=torch.uint8)
+    kern.launch(grid, torch.cuda.current_stream().cuda_stream, q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                g.data_ptr(), beta.data_ptr(), cu.data_ptr(), w.data_ptr(), u.data_ptr(), gam.data_ptr(),
+                rq.data_ptr(), rk.data_ptr(), rows, n, H, HV, PREPARE_L2NORM,
+                scratch_ptr=scratch.data_ptr() if kern.scratch_size else 0)
+    torch.cuda.synchronize()
+    ref_gam = torch.empty_like(g)
+    bounds = cu.tolist()
+    for s0, s1 in zip(bounds[:-1], bounds[1:]):
+        for c in range(s0, s1, 64):
+            ref_gam[c:min(c + 64, s1)] = g[c:min(c + 64, s1)].cumsum(0)
+    torch.testing.assert_close(gam, ref_gam, atol=1e-4, rtol=1e-4)
+    for x, r in ((q, rq), (k, rk)):
+        ref = (1 / x.float().norm(dim=-1)).repeat_interleave(HV // H, dim=1)
+        torch.testing.assert_close(r, ref, atol=1e-5, rtol=1e-3)
+    assert torch.isfinite(w.float()).all() and torch.isfinite(u.float()).all()

@@ -9,20 +9,21 @@ import zipfile
 from conftest import REPO, run_cli
 
 
-def test_wheel_layout(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                        "-w", str(tmp_path), str(REPO)], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    (whl,) = tmp_path.glob("gdn_aot-*.whl")
+def test_wheel_layout(project_wheel):
+    whl = project_wheel
+    assert whl.name.endswith("-py3-none-any.whl")  # pure: no artifacts, no native code
     names = zipfile.ZipFile(whl).namelist()
     tops = {n.split("/")[0] for n in names}
     assert {t for t in tops if not t.endswith(".dist-info")} == {"gdn_aot"}, tops  # nothing else top-level
-    for need in ("gdn_aot/__init__.py", "gdn_aot/kernels/registry.py", "gdn_aot/kernels/l2norm.py",
-                 "gdn_aot/build/cli.py", "gdn_aot/build/templates/gdn_aot_launch.h.j2",
+    for need in ("gdn_aot/__init__.py", "gdn_aot/kernels/__init__.py", "gdn_aot/kernels/registry.py",
+                 "gdn_aot/kernels/common.py", "gdn_aot/kernels/prepare_sm90.py", "gdn_aot/kernels/prepare_sm100.py",
+                 "gdn_aot/kernels/scan_sm90.py", "gdn_aot/kernels/scan_sm100.py", "gdn_aot/build/cli.py",
+                 "gdn_aot/build/package.py", "gdn_aot/build/templates/gdn_aot_launch.h.j2",
                  "gdn_aot/build/templates/gdn_aot_launch.c.j2", "gdn_aot/loader/runtime.py",
                  "gdn_aot/specs/qwen35.yaml", "gdn_aot/specs/tiny.yaml"):
         assert need in names, need
-    assert not any("_root.py" in n or "__pycache__" in n for n in names)
+    assert not any("_root.py" in n or "__pycache__" in n or n.startswith("gdn_aot/artifacts/") for n in names)
+    assert "gdn_aot/kernels/l2norm.py" not in names  # fused into gdn_prepare / gdn_scan
     meta = zipfile.ZipFile(whl).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     assert "gdn-aot = gdn_aot.build.cli:main" in meta
 
@@ -39,9 +40,14 @@ def test_import_is_cheap(tmp_path):
 
 
 def test_cli_help():
-    for args in (["--help"], ["build", "--help"], ["list", "--help"], ["verify", "--help"], ["inspect", "--help"]):
+    for args in (["--help"], ["build", "--help"], ["list", "--help"], ["verify", "--help"], ["inspect", "--help"],
+                 ["package", "--help"]):
         r = run_cli(*args)
         assert r.returncode == 0 and "Example" in r.stdout, (args, r.stdout, r.stderr)
+        if args != ["--help"]:
+            assert "--json" in r.stdout, args
+    r = run_cli("--version")
+    assert r.returncode == 0 and "0.1.0" in r.stdout
 
 
 def test_cli_list_and_inspect(tiny_build):
@@ -55,8 +61,20 @@ def test_cli_list_and_inspect(tiny_build):
     key = built[0]["key"]
     r = run_cli("inspect", tiny_build.out, key)
     assert r.returncode == 0 and key in r.stdout and "gdn_aot_launch_" in r.stdout and "SASS:" in r.stdout
+    r = run_cli("inspect", tiny_build.out, key, "--json")
+    assert r.returncode == 0, r.stderr
+    (entry,) = json.loads(r.stdout)
+    assert entry["key"] == key and entry["arch"] == built[0]["arch"] and entry["launch_function"].startswith(
+        "gdn_aot_launch_") and [p["name"] for p in entry["params"]][-2:] == ["global_scratch", "profile_scratch"]
     r = run_cli("inspect", tiny_build.out, "no-such-variant")
     assert r.returncode == 1 and "no variant matches" in r.stderr
+    r = run_cli("verify", tiny_build.out, "--json")
+    assert r.returncode == 0, r.stderr
+    v = json.loads(r.stdout)
+    assert v["ok"] is True and v["problems"] == [] and v["variants"] == len(built)
+    assert sorted(v["arches"]) == ["sm_100a", "sm_90a"]
+    r = run_cli("list", tiny_build.out)
+    assert f"{len(built)} variants built" in r.stdout
 
 
 def test_cli_spec_error(tmp_path):

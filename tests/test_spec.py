@@ -78,8 +78,8 @@ def test_missing_required_keys(tmp_path):
 
 
 def test_unused_axis_with_several_values(tmp_path):
-    e = spec_error(tmp_path, BASE + "  gdn_l2norm:\n    dtype: bf16\n    varlen: [true, false]\n")
-    assert e.keypath == "kernels.gdn_l2norm.varlen" and "does not use axis varlen" in str(e) and "[True, False]" in str(e)
+    e = spec_error(tmp_path, BASE + "  gdn_prepare:\n    dtype: bf16\n    BV: [64, 128]\n")
+    assert e.keypath == "kernels.gdn_prepare.BV" and "does not use axis BV" in str(e) and "[64, 128]" in str(e)
     e = spec_error(tmp_path, BASE + "  gdn_prepare:\n    dtype: bf16\n    transpose: [true, false]\n")
     assert e.keypath == "kernels.gdn_prepare.transpose"
 
@@ -90,7 +90,7 @@ def test_empty_product_after_exclusions(tmp_path):
 
 
 def test_kernel_without_source_for_arch(tmp_path, monkeypatch):
-    base = KERNELS["gdn_l2norm"]
+    base = KERNELS["gdn_prepare"]
     fake = KernelDef(name="hopper_only", params=base.params, constexprs=base.constexprs,
                      sources={"sm90": base.sources["sm90"]}, grid=base.grid, uses_axes=base.uses_axes)
     monkeypatch.setitem(KERNELS, "hopper_only", fake)
@@ -107,18 +107,21 @@ def test_invalid_yaml(tmp_path):
 
 def test_shipped_specs_enumerate():
     q = load_spec(REPO / "specs" / "qwen35.yaml")
-    per_arch = {"gdn_l2norm": 2, "gdn_prepare": 4, "gdn_scan": 16}  # dtype; dtype x varlen; x transpose x BV
+    per_arch = {"gdn_prepare": 4, "gdn_scan": 16}  # dtype x varlen; x transpose x BV
     for arch in ("sm_90a", "sm_100a"):
         vs = q.for_arch(arch)
+        assert {v.kernel for v in vs} == set(per_arch) == set(KERNELS)  # no gdn_l2norm: fused into both
         assert {k: sum(v.kernel == k for v in vs) for k in per_arch} == per_arch
         assert all(v.K == 128 and v.V == 128 and v.num_warps in (4, 8) for v in vs)
-    assert len(q.variants) == 44 and len({v.key for v in q.variants}) == 44
+    assert len(q.variants) == 40 and len({v.key for v in q.variants}) == 40
     t = load_spec("tiny")  # a shipped spec by name
-    assert len(t.variants) == 8
+    assert len(t.variants) == 6
+    assert {v.kernel for v in t.variants} == set(KERNELS)
     assert sorted(v.transpose for v in t.for_arch("sm_90a") if v.kernel == "gdn_scan") == [False, True]
     assert {v.dtype for v in t.variants} == {"bf16"}
-    l2 = [v for v in q.variants if v.kernel == "gdn_l2norm"]
-    assert all(v.BT == 64 and v.BK == 128 and v.BV == 128 and not v.varlen and not v.transpose for v in l2)
+    prep = [v for v in q.variants if v.kernel == "gdn_prepare"]  # BV and transpose unused: their defaults
+    assert all(v.BT == 64 and v.BK == 128 and v.BV == 128 and not v.transpose and v.num_warps == 4 for v in prep)
+    assert {(v.dtype, v.varlen) for v in prep} == {(d, vl) for d in ("bf16", "fp16") for vl in (True, False)}
     for arch in ("sm_90a", "sm_100a"):
         d = q.dispatch[arch]["gdn_scan"]
         assert {d["default_BV"], d["small_batch_BV"]} <= {v.BV for v in q.for_arch(arch) if v.kernel == "gdn_scan"}

@@ -1,8 +1,11 @@
 /* run_gdn.c: use gdn-aot artifacts from C with nothing but the generated header and launcher library.
  *
- * Finds the bf16 gdn_l2norm variant in ARTIFACTS/<arch>/kernels.tsv, loads its cubin with gdn_aot_kernel_load,
- * launches it on 1000 rows x 128 through gdn_aot_launch_gdn_l2norm and checks every output row has unit norm.
- * The driver is reached only through the launcher (gdn_aot_driver()), which dlopens libcuda.so.1.
+ * Finds the bf16 varlen gdn_prepare variant in ARTIFACTS/<arch>/kernels.tsv (columns read by the names in its
+ * '#' header), loads its cubin with gdn_aot_kernel_load, launches it through gdn_aot_launch_gdn_prepare on a
+ * packed batch of 3 sequences (70, 1 and 130 tokens) with flags = PREPARE_L2NORM, and checks two of its outputs
+ * on the host: gam (the cumulative sum of g inside each 64-token chunk of each sequence) and rq, rk (the
+ * inverse L2 norms of the q and k rows, one per token and value head). The driver is reached only through
+ * the launcher (gdn_aot_driver()), which dlopens libcuda.so.1. examples/cpp/ runs a whole forward.
  *
  * Build (cuda.h ships in the triton wheel: triton/backends/nvidia/include):
  *   L=artifacts/sm_90a/launcher
@@ -17,8 +20,12 @@
 
 #include "gdn_aot_launch.h"
 
-#define D 128
-#define ROWS 1000
+#define H 2
+#define HV 4
+#define KD 128
+#define VD 128
+#define NSEQ 3
+#define PREPARE_L2NORM 1 /* gdn_aot.kernels.PREPARE_L2NORM */
 
 #define CHECK(call)                                                                              \
     do {                                                                                         \
@@ -31,31 +38,68 @@
     } while (0)
 
 typedef struct {
-    char key[256], kernel[64], entry[128], cubin[256];
-    unsigned num_warps, shared, scratch_size, scratch_align;
+    char key[256], entry[128], cubin[256];
+    unsigned num_warps, shared, scratch_size;
 } tsv_row_t;
 
-/* The first kernels.tsv row of `kernel` whose key contains `want`. */
-static int find_row(const char *dir, const char *kernel, const char *want, tsv_row_t *row) {
-    char path[1024], line[2048];
+enum { C_KEY, C_KERNEL, C_ENTRY, C_CUBIN, C_WARPS, C_SHARED, C_SCRATCH, C_DTYPE, C_VARLEN, NCOLS };
+static const char *const COLS[NCOLS] = {"key",   "kernel",  "entry", "cubin", "num_warps", "shared",
+                                        "global_scratch_size", "dtype", "varlen"};
+
+/* Split a line at tabs in place (the newline is dropped); returns the field count. */
+static int split(char *line, char **fields, int max) {
+    int n = 0;
+    line[strcspn(line, "\r\n")] = 0;
+    for (char *p = line; n < max;) {
+        fields[n++] = p;
+        p = strchr(p, '\t');
+        if (!p) break;
+        *p++ = 0;
+    }
+    return n;
+}
+
+/* The first variant of `kernel` with this dtype and varlen flag (the shipped specs build one gdn_prepare each). */
+static int find_row(const char *dir, const char *kernel, const char *dtype, int varlen, tsv_row_t *row) {
+    char path[1024], line[4096], *f[64];
+    int col[NCOLS], n;
     snprintf(path, sizeof path, "%s/kernels.tsv", dir);
-    FILE *f = fopen(path, "r");
-    if (!f) {
+    FILE *fp = fopen(path, "r");
+    if (!fp) {
         perror(path);
         return -1;
     }
-    while (fgets(line, sizeof line, f)) {
-        if (line[0] == '#') continue;
-        if (sscanf(line, "%255[^\t]\t%63[^\t]\t%127[^\t]\t%255[^\t]\t%u\t%u\t%u\t%u", row->key, row->kernel,
-                   row->entry, row->cubin, &row->num_warps, &row->shared, &row->scratch_size,
-                   &row->scratch_align) == 8 &&
-            strcmp(row->kernel, kernel) == 0 && strstr(row->key, want)) {
-            fclose(f);
-            return 0;
+    if (!fgets(line, sizeof line, fp) || line[0] != '#') {
+        fprintf(stderr, "%s: no '#' header line\n", path);
+        fclose(fp);
+        return -1;
+    }
+    n = split(line + 1, f, 64);
+    for (int c = 0; c < NCOLS; c++) {
+        col[c] = -1;
+        for (int i = 0; i < n; i++)
+            if (strcmp(f[i], COLS[c]) == 0) col[c] = i;
+        if (col[c] < 0) {
+            fprintf(stderr, "%s: no column '%s' (artifacts from an older gdn-aot?)\n", path, COLS[c]);
+            fclose(fp);
+            return -1;
         }
     }
-    fclose(f);
-    fprintf(stderr, "no %s variant matching '%s' in %s\n", kernel, want, path);
+    while (fgets(line, sizeof line, fp)) {
+        if (line[0] == '#' || split(line, f, 64) < n) continue;
+        if (strcmp(f[col[C_KERNEL]], kernel) || strcmp(f[col[C_DTYPE]], dtype) || atoi(f[col[C_VARLEN]]) != varlen)
+            continue;
+        snprintf(row->key, sizeof row->key, "%s", f[col[C_KEY]]);
+        snprintf(row->entry, sizeof row->entry, "%s", f[col[C_ENTRY]]);
+        snprintf(row->cubin, sizeof row->cubin, "%s", f[col[C_CUBIN]]);
+        row->num_warps = (unsigned)atoi(f[col[C_WARPS]]);
+        row->shared = (unsigned)atoi(f[col[C_SHARED]]);
+        row->scratch_size = (unsigned)atoi(f[col[C_SCRATCH]]);
+        fclose(fp);
+        return 0;
+    }
+    fclose(fp);
+    fprintf(stderr, "no %s variant with dtype=%s varlen=%d in %s\n", kernel, dtype, varlen, path);
     return -1;
 }
 
@@ -87,11 +131,22 @@ static float from_bf16(uint16_t h) {
     return x;
 }
 
+/* deterministic values in [-1, 1) */
+static float noise(uint32_t *s) {
+    *s = *s * 1664525u + 1013904223u;
+    return (float)(*s >> 8) / 8388608.0f - 1.0f;
+}
+
 int main(int argc, char **argv) {
     const char *dir = argc > 1 ? argv[1] : "artifacts/sm_90a";
+    const int lens[NSEQ] = {70, 1, 130};
+    int cu[NSEQ + 1] = {0};
+    for (int s = 0; s < NSEQ; s++) cu[s + 1] = cu[s] + lens[s];
+    const int rows = cu[NSEQ];
+
     tsv_row_t row;
     char path[1024];
-    if (find_row(dir, "gdn_l2norm", ".bf16.", &row)) return 1;
+    if (find_row(dir, "gdn_prepare", "bf16", 1, &row)) return 1;
     snprintf(path, sizeof path, "%s/%s", dir, row.cubin);
     void *image = read_file(path);
     if (!image) {
@@ -110,30 +165,82 @@ int main(int argc, char **argv) {
     gdn_aot_kernel_t kern;
     CHECK(gdn_aot_kernel_load(&kern, image, row.entry, row.num_warps, row.shared, row.scratch_size));
 
-    static uint16_t hx[ROWS * D], hy[ROWS * D];
-    for (int i = 0; i < ROWS * D; i++) hx[i] = to_bf16((float)((i * 7919) % 201 - 100) / 37.0f);
-    CUdeviceptr x, y;
-    CHECK(d->MemAlloc(&x, sizeof hx));
-    CHECK(d->MemAlloc(&y, sizeof hy));
-    CHECK(d->MemcpyHtoD(x, hx, sizeof hx));
-    CHECK(gdn_aot_launch_gdn_l2norm(&kern, NULL, (ROWS + 63) / 64, 1, 1, x, y, ROWS, 0));
-    CHECK(d->CtxSynchronize());
-    CHECK(d->MemcpyDtoH(hy, y, sizeof hy));
+    /* host inputs: q, k [rows, H, K] and v [rows, HV, V] bf16; g (<= 0), beta [rows, HV] fp32 */
+    size_t nqk = (size_t)rows * H * KD, nv = (size_t)rows * HV * VD, ng = (size_t)rows * HV;
+    uint16_t *hq = malloc(nqk * 2), *hk = malloc(nqk * 2), *hv = malloc(nv * 2);
+    float *hg = malloc(ng * 4), *hb = malloc(ng * 4), *gam = malloc(ng * 4), *rq = malloc(ng * 4),
+          *rk = malloc(ng * 4);
+    uint32_t seed = 12345;
+    for (size_t i = 0; i < nqk; i++) hq[i] = to_bf16(noise(&seed));
+    for (size_t i = 0; i < nqk; i++) hk[i] = to_bf16(noise(&seed));
+    for (size_t i = 0; i < nv; i++) hv[i] = to_bf16(noise(&seed));
+    for (size_t i = 0; i < ng; i++) hg[i] = -0.5f * (noise(&seed) + 1.0f);
+    for (size_t i = 0; i < ng; i++) hb[i] = 0.5f * (noise(&seed) + 1.0f);
 
-    double worst = 0;
-    for (int r = 0; r < ROWS; r++) {
-        double s = 0;
-        for (int c = 0; c < D; c++) s += (double)from_bf16(hy[r * D + c]) * from_bf16(hy[r * D + c]);
-        worst = fmax(worst, fabs(sqrt(s) - 1.0));
-    }
-    printf("%s: %d rows, worst |norm - 1| = %.3g\n", row.key, ROWS, worst);
+    CUdeviceptr q, k, v, g, beta, dcu, w, u, dgam, drq, drk, scratch = 0;
+    CHECK(d->MemAlloc(&q, nqk * 2));
+    CHECK(d->MemAlloc(&k, nqk * 2));
+    CHECK(d->MemAlloc(&v, nv * 2));
+    CHECK(d->MemAlloc(&g, ng * 4));
+    CHECK(d->MemAlloc(&beta, ng * 4));
+    CHECK(d->MemAlloc(&dcu, sizeof cu));
+    CHECK(d->MemAlloc(&w, (size_t)rows * HV * KD * 2));
+    CHECK(d->MemAlloc(&u, nv * 2));
+    CHECK(d->MemAlloc(&dgam, ng * 4));
+    CHECK(d->MemAlloc(&drq, ng * 4));
+    CHECK(d->MemAlloc(&drk, ng * 4));
+    CHECK(d->MemcpyHtoD(q, hq, nqk * 2));
+    CHECK(d->MemcpyHtoD(k, hk, nqk * 2));
+    CHECK(d->MemcpyHtoD(v, hv, nv * 2));
+    CHECK(d->MemcpyHtoD(g, hg, ng * 4));
+    CHECK(d->MemcpyHtoD(beta, hb, ng * 4));
+    CHECK(d->MemcpyHtoD(dcu, cu, sizeof cu));
+
+    /* varlen grid: one program per (64-token chunk slot, value head); rows / 64 + N slots bound the chunks */
+    unsigned gx = (unsigned)(rows / 64 + NSEQ), gy = HV, gz = 1;
+    if (kern.scratch_size) CHECK(d->MemAlloc(&scratch, (size_t)kern.scratch_size * gx * gy * gz));
+    CHECK(gdn_aot_launch_gdn_prepare(&kern, NULL, gx, gy, gz, q, k, v, g, beta, dcu, w, u, dgam, drq, drk,
+                                     rows /* T = rows (varlen) */, NSEQ, H, HV, PREPARE_L2NORM, scratch));
+    CHECK(d->CtxSynchronize());
+    CHECK(d->MemcpyDtoH(gam, dgam, ng * 4));
+    CHECK(d->MemcpyDtoH(rq, drq, ng * 4));
+    CHECK(d->MemcpyDtoH(rk, drk, ng * 4));
+
+    double worst_gam = 0, worst_norm = 0;
+    for (int s = 0; s < NSEQ; s++)
+        for (int h = 0; h < HV; h++) {
+            double acc = 0;
+            for (int t = cu[s]; t < cu[s + 1]; t++) {
+                if ((t - cu[s]) % 64 == 0) acc = 0; /* chunks restart at every sequence start */
+                acc += hg[(size_t)t * HV + h];
+                double e = fabs(gam[(size_t)t * HV + h] - acc) / (1.0 + fabs(acc));
+                if (e > worst_gam || isnan(e)) worst_gam = e;
+            }
+        }
+    for (int t = 0; t < rows; t++)
+        for (int h = 0; h < HV; h++) {
+            const uint16_t *src[2] = {hq, hk};
+            const float *got[2] = {rq, rk};
+            for (int which = 0; which < 2; which++) {
+                const uint16_t *x = src[which] + ((size_t)t * H + h / (HV / H)) * KD;
+                double ss = 0;
+                for (int c = 0; c < KD; c++) ss += (double)from_bf16(x[c]) * from_bf16(x[c]);
+                double want = 1.0 / sqrt(ss), e = fabs(got[which][(size_t)t * HV + h] - want) / want;
+                if (e > worst_norm || isnan(e)) worst_norm = e;
+            }
+        }
+    printf("%s: %d rows in %d sequences, worst gam error %.3g, worst 1/|q|, 1/|k| relative error %.3g\n", row.key,
+           rows, NSEQ, worst_gam, worst_norm);
+
     CHECK(gdn_aot_kernel_unload(&kern));
-    d->MemFree(x);
-    d->MemFree(y);
+    CUdeviceptr bufs[] = {q, k, v, g, beta, dcu, w, u, dgam, drq, drk, scratch};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) d->MemFree(bufs[i]);
     d->DevicePrimaryCtxRelease(dev);
-    free(image);
-    if (worst > 2e-2) {
-        fprintf(stderr, "FAILED: output rows are not unit norm\n");
+    void *host[] = {hq, hk, hv, hg, hb, gam, rq, rk, image};
+    for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
+    if (!(worst_gam <= 1e-4) || !(worst_norm <= 1e-3)) {
+        fprintf(stderr, "FAILED: gam or the inverse norms do not match the host computation\n");
         return 1;
     }
     printf("ok\n");
