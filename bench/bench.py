@@ -231,6 +231,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="write all results as JSON here")
     ap.add_argument("--quick", action="store_true", help="20 timed calls per case instead of 100")
+    ap.add_argument("--fresh", default="all", choices=("all", "gdn_aot", "none"),
+                    help="which libraries get the fresh-process first-result measurement (fla's takes ~1 min)")
     args = ap.parse_args()
     start = time.perf_counter()
     reps = 20 if args.quick else 100
@@ -261,6 +263,8 @@ def main():
     save()
     torch.cuda.empty_cache()
     for lib, (fn, cu_dtype, mod) in libs.items():
+        if args.fresh not in ("all", lib):
+            continue
         try:
             results["fresh"][lib] = r = fresh_process(mod, cu_dtype, cold_triton=lib == "fla")
             log(f"  fresh process {lib}: {r}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import time
 
 import torch
 
@@ -75,13 +76,49 @@ def profile(case: str, reps: int):
               f"({flop / (med * 1e-3) / 1e12:6.1f} TFLOP/s-equivalent of the whole forward)", flush=True)
 
 
+def host_profile(calls: int = 200):
+    """Where the host time of a launch-bound call (1 x 64 tokens) goes: cProfile over `calls` forwards."""
+    import cProfile
+    import pstats
+
+    import gdn_aot
+
+    T, dev = 64, torch.device("cuda")
+    q = torch.randn(1, T, H, K, device=dev, dtype=torch.bfloat16)
+    v = torch.randn(1, T, HV, V, device=dev, dtype=torch.bfloat16)
+    g, beta = -torch.rand(1, T, HV, device=dev), torch.rand(1, T, HV, device=dev)
+    cu, h0 = torch.tensor([0, T], device=dev, dtype=torch.int32), torch.randn(1, HV, K, V, device=dev)
+    call = lambda: gdn_aot.chunk_gated_delta_rule(q, q, v, g, beta, initial_state=h0, output_final_state=True,
+                                                  cu_seqlens=cu, use_qk_l2norm_in_kernel=True)
+    call()
+    torch.cuda.synchronize()
+    per_call = []
+    for _ in range(calls):
+        t = time.perf_counter()
+        call()
+        per_call.append(time.perf_counter() - t)
+    torch.cuda.synchronize()
+    print(f"host time per call at T=64: median {statistics.median(per_call) * 1e6:.1f} us, "
+          f"min {min(per_call) * 1e6:.1f} us", flush=True)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        call()
+    prof.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(12)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cases", default="1x8192,4x2048,32x8192,1x65536")
     p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--host", action="store_true", help="also profile the host time of a T=64 call")
     args = p.parse_args()
     for case in args.cases.split(","):
         profile(case, args.reps)
+    if args.host:
+        host_profile()
 
 
 if __name__ == "__main__":

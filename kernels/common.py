@@ -32,6 +32,12 @@ def wgmma_layout(M, N, num_warps, operand_bits=16):
 
 
 @constexpr_function
+def squaring_rounds(BT):
+    """Rounds of (I + N)(I + N^2)... needed until N^BT = 0 for a strictly lower-triangular BT x BT matrix."""
+    return BT.bit_length() - 2
+
+
+@constexpr_function
 def row_load_layout(cols, num_warps):
     """Coalesced layout for [rows, cols] 16-bit tiles: 8 contiguous elements (16 bytes) per thread."""
     tpw_cols = min(32, cols // 8)
@@ -135,6 +141,23 @@ def state_tile_offsets(slot, i_hv, i_v, HV, K: gl.constexpr, V: gl.constexpr, BV
         return base + kk * V + vv
 
 
+@gluon.jit
+def _chunk_rows(gam_head, rq_head, rk_head, c, seq_len, rows, HV, l2norm, BT: gl.constexpr):
+    """gam of chunk c's rows (fp32 cumsum from gdn_prepare), gam of its last row, and the inverse q/k row
+    norms (1.0 without use_qk_l2norm_in_kernel); rows past the sequence read as gam 0, norm 1 (so c may be
+    n_chunks: both scan kernels call it one chunk ahead, since loading a chunk's rows at the top of its own
+    iteration put a global-load latency on the critical path, +28 % scan time on the H200)."""
+    n_rows = seq_len - c * BT
+    offs = (c * BT + rows).to(gl.int64) * HV
+    valid = rows < n_rows
+    gam_v = gl.load(gam_head + offs, mask=valid, other=0.0)
+    last = gl.maximum(c * BT + gl.minimum(n_rows, BT) - 1, 0)
+    gam_last = gl.load(gam_head + last.to(gl.int64) * HV, mask=n_rows > 0, other=0.0)
+    rq_v = gl.load(rq_head + offs, mask=valid & l2norm, other=1.0)
+    rk_v = gl.load(rk_head + offs, mask=valid & l2norm, other=1.0)
+    return gam_v, gam_last, rq_v, rk_v
+
+
 # --- added for the sm_100a family (the functions above are shared with sm_90a and unchanged) ---------------
 
 
@@ -175,54 +198,29 @@ def causal_decay_bitmask(gam_rows, gam_cols, n_rows, STRICT: gl.constexpr):
 
 
 @constexpr_function
-def _block_layout(num_warps):
-    """[16, 16] fp32 tiles: a row's 16 elements in 16 lanes of one warp (reductions along rows stay in the
-    warp), rows spread over 2 lanes x num_warps warps, 2 elements a thread."""
-    return gl.BlockedLayout([2, 1], [2, 16], [num_warps, 1], [1, 0])
+def state_io_layout(K, BV, TRANSPOSE_STATE, num_warps):
+    """Coalesced layout for moving a [K, BV] fp32 state tile to or from HBM: 4 consecutive elements of the
+    HBM-contiguous dimension (V, or K when transposed) per thread, a warp along that dimension."""
+    if TRANSPOSE_STATE:
+        tpw = min(32, K // 4)
+        return gl.BlockedLayout([4, 1], [tpw, 32 // tpw], [1, num_warps], [0, 1])
+    tpw = min(32, BV // 4)
+    return gl.BlockedLayout([1, 4], [32 // tpw, tpw], [num_warps, 1], [1, 0])
 
 
 @gluon.jit
-def _block(smem, i: gl.constexpr, j: gl.constexpr):
-    return smem.slice(16 * i, 16, 0).slice(16 * j, 16, 1)
+def load_state_tile(h0, slot, i_hv, i_v, HV, mask, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr,
+                    TRANSPOSE_STATE: gl.constexpr, layout: gl.constexpr):
+    """The [K, BV] tile of state slot `slot` in `layout` (zeros where mask is false), read coalesced."""
+    io: gl.constexpr = state_io_layout(K, BV, TRANSPOSE_STATE, gl.num_warps())
+    offs = state_tile_offsets(slot, i_hv, i_v, HV, K, V, BV, TRANSPOSE_STATE, io)
+    return gl.convert_layout(gl.load(h0 + offs, mask=mask, other=0.0), layout)
 
 
 @gluon.jit
-def unit_lower_inverse(A):
-    """Tc = (I + A)^-1 for a strictly lower-triangular fp32 A [BT, BT], in fp32 on the CUDA cores.
-
-    The 16 x 16 diagonal blocks by forward substitution (one block row at a time, every reduction inside a
-    warp), then the blocks below the diagonal, one diagonal band after the other, from
-        T_ij = -T_ii sum_{k=j}^{i-1} A_ik T_kj
-    as 16 x 16 x 16 FMA dots: 16 of them at BT = 64, about 4 % of the chunk's tensor-core work in FLOPs.
-    Returned in A's layout.
-    """
-    BT: gl.constexpr = A.shape[0]
-    NB: gl.constexpr = BT // 16
-    blk: gl.constexpr = _block_layout(gl.num_warps())
-    plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-    a_smem = gl.allocate_shared_memory(gl.float32, [BT, BT], plain, A)
-    t_smem = gl.allocate_shared_memory(gl.float32, [BT, BT], plain, gl.zeros_like(A))
-    r = gl.expand_dims(gl.arange(0, 16, gl.SliceLayout(1, blk)), 1)
-    c = gl.expand_dims(gl.arange(0, 16, gl.SliceLayout(0, blk)), 0)
-    eye = gl.where(r == c, 1.0, 0.0)
-    # diagonal blocks: Tt = T_bb^T, built column by column: Tt[:, i] = e_i - Tt A_bb[i, :]^T
-    for b in gl.static_range(NB):
-        a_bb = _block(a_smem, b, b)
-        Tt = eye
-        for i in gl.static_range(1, 16):
-            a_row = a_bb.slice(i, 1, 0).load(blk)  # [1, 16]: A_bb[i, :]
-            s = gl.sum(Tt * a_row, axis=1)  # [16]: sum_j T[j, :] A[i, j]
-            Tt = gl.where(c == i, eye - gl.expand_dims(s, 1), Tt)
-        _block(t_smem, b, b).permute((1, 0)).store(Tt)
-    # bands below the diagonal
-    dot_a: gl.constexpr = gl.DotOperandLayout(0, blk, 0)
-    dot_b: gl.constexpr = gl.DotOperandLayout(1, blk, 0)
-    for d in gl.static_range(1, NB):
-        for i in gl.static_range(d, NB):
-            acc = gl.zeros([16, 16], gl.float32, blk)
-            for k in gl.static_range(i - d, i):
-                acc = gl.dot_fma(_block(a_smem, i, k).load(dot_a), _block(t_smem, k, i - d).load(dot_b), acc)
-            acc = gl.convert_layout(acc, dot_b)
-            t_ij = gl.dot_fma(_block(t_smem, i, i).load(dot_a), acc, gl.zeros([16, 16], gl.float32, blk))
-            _block(t_smem, i, i - d).store(-t_ij)
-    return t_smem.load(A.type.layout)
+def store_state_tile(ht, h, slot, i_hv, i_v, HV, mask, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr,
+                     TRANSPOSE_STATE: gl.constexpr):
+    """Write the [K, BV] tile h of state slot `slot` (if mask), coalesced."""
+    io: gl.constexpr = state_io_layout(K, BV, TRANSPOSE_STATE, gl.num_warps())
+    offs = state_tile_offsets(slot, i_hv, i_v, HV, K, V, BV, TRANSPOSE_STATE, io)
+    gl.store(ht + offs, gl.convert_layout(h, io), mask=mask)

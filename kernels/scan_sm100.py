@@ -40,8 +40,8 @@ from triton.experimental.gluon.language.nvidia.blackwell import (TensorMemoryLay
                                                                   fence_async_shared, get_tmem_reg_layout,
                                                                   mbarrier, tcgen05_commit, tcgen05_mma, tma)
 
-from .common import (SCAN_HAS_H0, SCAN_L2NORM, SCAN_STORE_HT, SCAN_USE_INDICES, causal_decay_bitmask,
-                     sequence_bounds, state_tile_offsets)
+from .common import (SCAN_HAS_H0, SCAN_L2NORM, SCAN_STORE_HT, SCAN_USE_INDICES, _chunk_rows, causal_decay_bitmask,
+                     load_state_tile, sequence_bounds)
 
 ROW_SKIP = gl.constexpr(0x7FFFFFFF)  # async_scatter row offset that the TMA unit skips (out of range)
 
@@ -139,12 +139,16 @@ def scan_kernel(q, k, w, u, gam, rq, rk, cu_seqlens, h0, ht, state_indices, o, s
     slot = i_n
     if flags & SCAN_USE_INDICES:
         slot = gl.load(state_indices + i_n)
-    # loaded in [K, HS] column slices straight into TMEM (a whole [K, 128] tile of int64 offsets would not fit
-    # in registers): slice j of V tile i_v is V tile i_v * (BV // HS) + j of width HS
+    # loaded in [K, HS] column slices into TMEM (a whole [K, 128] tile of int64 offsets would not fit in
+    # registers): slice j of V tile i_v is V tile i_v * (BV // HS) + j of width HS. common.load_state_tile reads
+    # each slice coalesced (16-byte vectors, a warp along the HBM-contiguous dimension) and convert_layouts it to
+    # the tcgen05.st layout: reading straight in reg_hs (one K row a thread) put a warp's 32 lanes on 32 rows
+    # 4*V bytes apart in the [K, V] layout (only the transposed [V, K] layout was coalesced that way).
+    # The final state needs no such helper: it leaves by TMA (_store_state).
     for j in gl.static_range(BV // HS):
-        part_offs = state_tile_offsets(slot, i_hv, i_v * (BV // HS) + j, HV, K, V, HS, TRANSPOSE_STATE, reg_hs)
-        h_tmem.slice(j * HS, HS).store(gl.load(h0 + part_offs, mask=((flags & SCAN_HAS_H0) != 0) & (slot >= 0),
-                                               other=0.0))
+        h_tmem.slice(j * HS, HS).store(load_state_tile(h0, slot, i_hv, i_v * (BV // HS) + j, HV,
+                                                       ((flags & SCAN_HAS_H0) != 0) & (slot >= 0), K, V, HS,
+                                                       TRANSPOSE_STATE, reg_hs))
 
     # --- per-sequence TMA descriptors (row bound = seq_len), and one over the whole packed o for the scatter.
     row0 = bos.to(gl.int64)
@@ -179,16 +183,17 @@ def scan_kernel(q, k, w, u, gam, rq, rk, cu_seqlens, h0, ht, state_indices, o, s
     bar_o = bars.index(4)
     bar_h = bars.index(5)
 
-    # per-row chunk data (gam, and the inverse q/k norms of use_qk_l2norm_in_kernel) is loaded once, one
-    # element a thread, then converted to the row/column slices of the TMEM register layouts that use it
-    vec_l: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
-    rows = gl.arange(0, BT, vec_l)
+    # per-row chunk data (gam, and the inverse q/k norms of use_qk_l2norm_in_kernel): loaded one chunk ahead
+    # (common._chunk_rows, as on sm_90a), one element a thread, then converted to the row/column slices of the
+    # TMEM register layouts that use it
+    rows = gl.arange(0, BT, gl.BlockedLayout([1], [32], [num_warps], [0]))
     offs_layout: gl.constexpr = gl.SliceLayout(0, gl.BlockedLayout([1, 4], [32, 1], [1, num_warps], [1, 0]))
     rows_sc = gl.arange(0, BT, offs_layout)
     gam_head = gam + row0 * HV + i_hv
     rq_head = rq + row0 * HV + i_hv
     rk_head = rk + row0 * HV + i_hv
     l2norm = (flags & SCAN_L2NORM) != 0
+    gam_v, gam_last, rq_v, rk_v = _chunk_rows(gam_head, rq_head, rk_head, 0, seq_len, rows, HV, l2norm, BT)
 
     if n_chunks > 0:
         _issue_chunk_loads(q_desc, k_desc, w_desc, u_desc, 0, bars.index(0),
@@ -201,22 +206,17 @@ def scan_kernel(q, k, w, u, gam, rq, rk, cu_seqlens, h0, ht, state_indices, o, s
             gl.thread_barrier()
             _issue_chunk_loads(q_desc, k_desc, w_desc, u_desc, (c + 1) * BT, bars.index(1 - s),
                                q_ring.index(1 - s), k_ring.index(1 - s), w_ring.index(1 - s), u_ring.index(1 - s))
+        gam_n, last_n, rq_n, rk_n = _chunk_rows(gam_head, rq_head, rk_head, c + 1, seq_len, rows, HV, l2norm, BT)
 
-        # gates of the chunk (fp32 cumsum from gdn_prepare), overlapping the TMA wait
+        # row scalings of the chunk: q_i -> rq_i q_i and k_j -> rk_j k_j (use_qk_l2norm_in_kernel) fold in here
         n_rows = seq_len - c * BT
-        row_offs = (c * BT + rows).to(gl.int64) * HV
-        valid = rows < n_rows
-        gam_v = gl.load(gam_head + row_offs, mask=valid, other=0.0)
-        gam_last = gl.load(gam_head + (c * BT + gl.minimum(n_rows, BT) - 1).to(gl.int64) * HV)
-        # use_qk_l2norm_in_kernel: q_i -> rq_i q_i and k_j -> rk_j k_j, folded into the row scalings below
-        rq_v = gl.load(rq_head + row_offs, mask=valid & l2norm, other=1.0)
-        rk_v = gl.load(rk_head + row_offs, mask=valid & l2norm, other=1.0)
         o_scale = gl.convert_layout(scale * gl.exp(gam_v) * rq_v, gl.SliceLayout(1, reg_tv))
         v_dec_scale = gl.convert_layout(gl.exp(gam_last - gam_v) * rk_v, gl.SliceLayout(1, reg_tv))
         # scale and norms enter the decay's exponent: e^(gam_i - gam_j) scale rq_i rk_j
         #   = e^((gam_i + ln(scale rq_i)) - (gam_j - ln rk_j))
         decay_rows = gl.convert_layout(gam_v + gl.log(rq_v * scale), gl.SliceLayout(1, reg_tt))
         decay_cols = gl.convert_layout(gam_v - gl.log(rk_v), gl.SliceLayout(0, reg_tt))
+        h_decay = gl.exp(gam_last)
 
         # h: TMEM -> registers once: the bf16 operand for w h and q h, and e^gam_last h back into TMEM, where
         # the k^T v_dec MMA of this chunk accumulates onto it
@@ -224,7 +224,7 @@ def scan_kernel(q, k, w, u, gam, rq, rk, cu_seqlens, h0, ht, state_indices, o, s
         for j in gl.static_range(BV // HS):
             h_part = h_tmem.slice(j * HS, HS).load(reg_hs)
             h_smem.slice(j * HS, HS, dim=1).store(h_part.to(dtype))
-            h_tmem.slice(j * HS, HS).store(h_part * gl.exp(gam_last))
+            h_tmem.slice(j * HS, HS).store(h_part * h_decay)
 
         mbarrier.wait(bars.index(s), (c // 2) & 1)
         q_s = q_ring.index(s)
@@ -267,6 +267,7 @@ def scan_kernel(q, k, w, u, gam, rq, rk, cu_seqlens, h0, ht, state_indices, o, s
             x_offsets = gl.where(rows_sc < n_rows, bos + c * BT + rows_sc, ROW_SKIP)
             tma.async_scatter(o_all_desc, x_offsets, i_hv * V + i_v * BV, o_smem)
         mbarrier.wait(bar_h, phase)
+        gam_v, gam_last, rq_v, rk_v = gam_n, last_n, rq_n, rk_n
     tma.store_wait(0)
     gl.thread_barrier()
     for b in gl.static_range(6):

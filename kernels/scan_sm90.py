@@ -15,8 +15,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma
 
-from .common import (SCAN_HAS_H0, SCAN_L2NORM, SCAN_STORE_HT, SCAN_USE_INDICES, causal_decay, sequence_bounds,
-                     state_tile_offsets, wgmma_layout)
+from .common import (SCAN_HAS_H0, SCAN_L2NORM, SCAN_STORE_HT, SCAN_USE_INDICES, _chunk_rows, causal_decay,
+                     sequence_bounds, load_state_tile, store_state_tile, wgmma_layout)
 
 @gluon.jit
 def _row_tile_desc(base, row_stride, seq_len, BT: gl.constexpr, COLS: gl.constexpr):
@@ -56,8 +56,8 @@ def scan_kernel(q, k, w, u, gam, rq, rk, cu_seqlens, h0, ht, state_indices, o, s
     slot = i_n
     if flags & SCAN_USE_INDICES:
         slot = gl.load(state_indices + i_n)
-    state_offs = state_tile_offsets(slot, i_hv, i_v, HV, K, V, BV, TRANSPOSE_STATE, acc_kv)
-    h = gl.load(h0 + state_offs, mask=((flags & SCAN_HAS_H0) != 0) & (slot >= 0), other=0.0)
+    h = load_state_tile(h0, slot, i_hv, i_v, HV, ((flags & SCAN_HAS_H0) != 0) & (slot >= 0), K, V, BV,
+                        TRANSPOSE_STATE, acc_kv)
 
     # --- per-sequence TMA descriptors (row bound = seq_len).
     row0 = bos.to(gl.int64)
@@ -80,14 +80,14 @@ def scan_kernel(q, k, w, u, gam, rq, rk, cu_seqlens, h0, ht, state_indices, o, s
     v_dec_smem = gl.allocate_shared_memory(dtype, [BT, BV], u_desc.layout)
     o_smem = gl.allocate_shared_memory(dtype, [BT, BV], o_desc.layout)
 
-    # per-row chunk data (gam, and the inverse q/k norms of use_qk_l2norm_in_kernel) is loaded once, one
-    # element a thread, then converted to the row/column slices of the MMA layouts that use it
-    vec_l: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
-    rows = gl.arange(0, BT, vec_l)
+    # per-row chunk data (gam, and the inverse q/k norms of use_qk_l2norm_in_kernel): loaded one chunk ahead,
+    # one element a thread, then converted to the row/column slices of the MMA layouts that use it
+    rows = gl.arange(0, BT, gl.BlockedLayout([1], [32], [num_warps], [0]))
     gam_head = gam + row0 * HV + i_hv
     rq_head = rq + row0 * HV + i_hv
     rk_head = rk + row0 * HV + i_hv
     l2norm = (flags & SCAN_L2NORM) != 0
+    gam_v, gam_last, rq_v, rk_v = _chunk_rows(gam_head, rq_head, rk_head, 0, seq_len, rows, HV, l2norm, BT)
 
     if n_chunks > 0:
         _issue_chunk_loads(q_desc, k_desc, w_desc, u_desc, 0, ready.index(0),
@@ -99,22 +99,17 @@ def scan_kernel(q, k, w, u, gam, rq, rk, cu_seqlens, h0, ht, state_indices, o, s
             gl.thread_barrier()
             _issue_chunk_loads(q_desc, k_desc, w_desc, u_desc, (c + 1) * BT, ready.index(1 - s),
                                q_ring.index(1 - s), k_ring.index(1 - s), w_ring.index(1 - s), u_ring.index(1 - s))
+        gam_n, last_n, rq_n, rk_n = _chunk_rows(gam_head, rq_head, rk_head, c + 1, seq_len, rows, HV, l2norm, BT)
 
-        # gates of the chunk (fp32 cumsum from gdn_prepare), overlapping the TMA wait
+        # row scalings of the chunk: q_i -> rq_i q_i and k_j -> rk_j k_j (use_qk_l2norm_in_kernel) fold in here
         n_rows = seq_len - c * BT
-        row_offs = (c * BT + rows).to(gl.int64) * HV
-        valid = rows < n_rows
-        gam_v = gl.load(gam_head + row_offs, mask=valid, other=0.0)
-        gam_last = gl.load(gam_head + (c * BT + gl.minimum(n_rows, BT) - 1).to(gl.int64) * HV)
-        # use_qk_l2norm_in_kernel: q_i -> rq_i q_i and k_j -> rk_j k_j, folded into the row scalings below
-        rq_v = gl.load(rq_head + row_offs, mask=valid & l2norm, other=1.0)
-        rk_v = gl.load(rk_head + row_offs, mask=valid & l2norm, other=1.0)
         o_scale = gl.convert_layout(scale * gl.exp(gam_v) * rq_v, gl.SliceLayout(1, acc_tv))
         v_dec_scale = gl.convert_layout(gl.exp(gam_last - gam_v) * rk_v, gl.SliceLayout(1, acc_tv))
         # scale and norms enter the decay's exponent: e^(gam_i - gam_j) scale rq_i rk_j
         #   = e^((gam_i + ln(scale rq_i)) - (gam_j - ln rk_j))
         decay_rows = gl.convert_layout(gam_v + gl.log(rq_v * scale), gl.SliceLayout(1, acc_tt))
         decay_cols = gl.convert_layout(gam_v - gl.log(rk_v), gl.SliceLayout(0, acc_tt))
+        h_decay = gl.exp(gam_last)
 
         mbarrier.wait(ready.index(s), (c // 2) & 1)
         q_s = q_ring.index(s)
@@ -144,9 +139,11 @@ def scan_kernel(q, k, w, u, gam, rq, rk, cu_seqlens, h0, ht, state_indices, o, s
         tma.async_copy_shared_to_global(o_desc, [c * BT, 0], o_smem)
 
         # h = e^gam_last h + k^T (e^(gam_last - gam) v_new)
-        h = warpgroup_mma(k_s.permute((1, 0)), v_dec_smem, h * gl.exp(gam_last))
+        h = warpgroup_mma(k_s.permute((1, 0)), v_dec_smem, h * h_decay)
+        gam_v, gam_last, rq_v, rk_v = gam_n, last_n, rq_n, rk_n
     tma.store_wait(0)
     for stage in gl.static_range(2):
         mbarrier.invalidate(ready.index(stage))
 
-    gl.store(ht + state_offs, h, mask=((flags & SCAN_STORE_HT) != 0) & (slot >= 0))
+    store_state_tile(ht, h, slot, i_hv, i_v, HV, ((flags & SCAN_STORE_HT) != 0) & (slot >= 0), K, V, BV,
+                     TRANSPOSE_STATE)

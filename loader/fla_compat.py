@@ -46,6 +46,7 @@ def chunk_gated_delta_rule(
     if kwargs.pop("chunk_size", 64) != 64:
         raise NotImplementedError("gdn_aot's kernels use chunk_size=64")
     state_v_first = kwargs.pop("transpose_state_layout", state_v_first)
+    head_first = kwargs.pop("head_first", False)  # vLLM's vendored fla passes head_first=False
     kwargs.pop("A_log", None), kwargs.pop("dt_bias", None)
     if kwargs:
         raise TypeError(f"unexpected keyword arguments: {sorted(kwargs)}")
@@ -53,5 +54,5 @@ def chunk_gated_delta_rule(
         check_bounds(cu_seqlens_cpu.tolist(), q.shape[1])
     return _forward(q, k, v, g, beta, scale=scale, initial_state=initial_state,
                     output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-                    cu_seqlens=cu_seqlens, transpose_state=state_v_first)
+                    cu_seqlens=cu_seqlens, transpose_state=state_v_first, head_first=head_first)
 

@@ -100,7 +100,7 @@ def project_wheel(tmp_path_factory) -> Path:
 def tiny_copy(tiny_build, tmp_path) -> Build:
     """A private copy of the tiny build, for tests that tamper with it."""
     dst = tmp_path / "artifacts"
-    shutil.copytree(tiny_build.out, dst)
+    shutil.copytree(tiny_build.out, dst, symlinks=True)
     return Build(dst, tiny_build.report)
 
 

@@ -73,3 +73,17 @@ def test_inputs_not_modified_by_rejected_call():
     with pytest.raises(ValueError):
         chunk_gated_delta_rule(**args)
     assert all(torch.equal(before[k], args[k]) for k in args)
+
+
+def test_fla_compat_takes_vllms_keywords():
+    """vLLM calls fla's function with head_first=False: accepted (head_first=True is refused like the native API)."""
+    from gdn_aot.loader.fla_compat import chunk_gated_delta_rule as fla_style
+
+    args = inputs()
+    with pytest.raises(ValueError, match="q must be on a CUDA device"):  # got past the keyword handling
+        fla_style(**args, initial_state=None, output_final_state=True, cu_seqlens=None, head_first=False,
+                  use_qk_l2norm_in_kernel=True)
+    with pytest.raises(ValueError, match="head_first=True is not supported"):
+        fla_style(**args, head_first=True)
+    with pytest.raises(TypeError, match="unexpected keyword arguments"):
+        fla_style(**args, no_such_option=1)

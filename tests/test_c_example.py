@@ -40,14 +40,21 @@ def cxx() -> str:
     pytest.skip("no C++ compiler (g++)")
 
 
+_CPP_BUILT: dict[tuple[str, str], object] = {}  # (artifact root, arch) -> executable: compile once per session
+
+
 def compile_cpp_example(build, arch, tmp_path):
     """examples/cpp/gdn_forward.cpp linked against the arch's launcher only (no -lcuda)."""
+    hit = _CPP_BUILT.get((str(build.out), arch))
+    if hit is not None and hit.is_file():
+        return hit
     launcher = build.out / arch / "launcher"
     exe = tmp_path / f"gdn_forward_{arch}"
     cmd = [cxx(), *CXXFLAGS, f"-I{launcher}", f"-I{cuda_include()}", f"-I{CPP_DIR}", str(CPP_EXAMPLE),
            f"-L{launcher}", "-lgdn_aot_launch", f"-Wl,-rpath,{launcher}", "-o", str(exe)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stderr}"
+    _CPP_BUILT[(str(build.out), arch)] = exe
     return exe
 
 
@@ -98,10 +105,10 @@ def _dry_run(exe, arch_dir, *args) -> dict:
 
 
 @pytest.mark.parametrize("arch, cap", [("sm_90a", (9, 0)), ("sm_100a", (10, 0))])
-@pytest.mark.parametrize("transpose", [False, True])
-def test_cpp_example_picks_what_the_python_api_picks(tiny_build, tmp_path, arch, cap, transpose):
+@pytest.mark.parametrize("transpose, l2norm", [(False, True), (True, False)])
+def test_cpp_example_picks_what_the_python_api_picks(tiny_build, tmp_path, arch, cap, transpose, l2norm):
     """--dry-run: the C++ helper's variants, grids and workspace size for a varlen batch, against the loader's
-    pick() and the workspace layout the Python API allocates (w, u in bf16; gam, rq, rk fp32; scratch)."""
+    pick() and the workspace the Python API allocates (w, u bf16; gam fp32; rq, rk fp32 with l2norm; scratch)."""
     tiny_build.require(arch, "gdn_prepare")
     tiny_build.require(arch, "gdn_scan")
     exe = compile_cpp_example(tiny_build, arch, tmp_path)
@@ -109,7 +116,8 @@ def test_cpp_example_picks_what_the_python_api_picks(tiny_build, tmp_path, arch,
     s = Artifacts.for_device(0, capability=cap, root=tiny_build.out)
     BV = s.dispatch("gdn_scan")["default_BV"]
     extra = ["--lens", ",".join(map(str, lens)), "--heads", f"{H},{HV}", "--bv", str(BV)]
-    got = _dry_run(exe, tiny_build.out / arch, *extra, *(["--transpose"] if transpose else []))
+    got = _dry_run(exe, tiny_build.out / arch, *extra, *(["--transpose"] if transpose else []),
+                   *([] if l2norm else ["--no-l2norm"]))
     prep = s.pick("gdn_prepare", dtype="bf16", K=K, V=V, varlen=True)
     scan = s.pick("gdn_scan", dtype="bf16", K=K, V=V, varlen=True, transpose=transpose, BV=BV)
     assert (got["prepare"], got["scan"]) == (prep.key, scan.key)
@@ -117,7 +125,7 @@ def test_cpp_example_picks_what_the_python_api_picks(tiny_build, tmp_path, arch,
     pgrid, sgrid = (rows // 64 + n, HV, 1), (n, HV, V // BV)
     assert got["prepare_grid"] == " ".join(map(str, pgrid)) and got["scan_grid"] == " ".join(map(str, sgrid))
     a = lambda b: -(-b // 256) * 256  # noqa: E731  (each region 256-byte aligned)
-    want = (a(rows * HV * K * 2) + a(rows * HV * V * 2) + 3 * a(rows * HV * 4)
+    want = (a(rows * HV * K * 2) + a(rows * HV * V * 2) + (3 if l2norm else 1) * a(rows * HV * 4)
             + a(max(prep.scratch_bytes(pgrid), scan.scratch_bytes(sgrid))))
     assert int(got["workspace_bytes"]) == want
 

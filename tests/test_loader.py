@@ -154,10 +154,10 @@ def test_tampered_cubin_is_detected(tiny_copy):
 
 
 def test_tampered_launcher_is_detected(tiny_copy):
-    so = tiny_copy.out / "sm_100a" / "launcher" / "libgdn_aot_launch.so"
+    so = tiny_copy.out / "sm_100a" / "launcher" / f"libgdn_aot_launch.so.{LAUNCHER_ABI_VERSION}"
     so.write_bytes(so.read_bytes() + b"\0")
     r = run_cli("verify", tiny_copy.out)
-    assert r.returncode == 1 and "libgdn_aot_launch.so" in r.stderr
+    assert r.returncode == 1 and so.name in r.stderr
     with pytest.raises(CorruptArtifact):
         Manifest(tiny_copy.out, "sm_100a").verify_launcher()
 

@@ -6,7 +6,7 @@ import subprocess
 import sys
 import zipfile
 
-from conftest import REPO, run_cli
+from conftest import run_cli
 
 
 def test_wheel_layout(project_wheel):

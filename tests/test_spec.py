@@ -107,13 +107,18 @@ def test_invalid_yaml(tmp_path):
 
 def test_shipped_specs_enumerate():
     q = load_spec(REPO / "specs" / "qwen35.yaml")
-    per_arch = {"gdn_prepare": 4, "gdn_scan": 16}  # dtype x varlen; x transpose x BV
-    for arch in ("sm_90a", "sm_100a"):
+    # prepare: dtype x varlen; scan: dtype x varlen x transpose x (BV, warps): sm_90a BV 32/w4, 64/w4, 64/w8,
+    # 128/w8; sm_100a BV 64/w4, 128/w4
+    per_arch = {"sm_90a": {"gdn_prepare": 4, "gdn_scan": 32}, "sm_100a": {"gdn_prepare": 4, "gdn_scan": 16}}
+    for arch, counts in per_arch.items():
         vs = q.for_arch(arch)
-        assert {v.kernel for v in vs} == set(per_arch) == set(KERNELS)  # no gdn_l2norm: fused into both
-        assert {k: sum(v.kernel == k for v in vs) for k in per_arch} == per_arch
+        assert {v.kernel for v in vs} == set(counts) == set(KERNELS)  # no gdn_l2norm: fused into both
+        assert {k: sum(v.kernel == k for v in vs) for k in counts} == counts
         assert all(v.K == 128 and v.V == 128 and v.num_warps in (4, 8) for v in vs)
-    assert len(q.variants) == 40 and len({v.key for v in q.variants}) == 40
+    assert {(v.BV, v.num_warps) for v in q.for_arch("sm_90a") if v.kernel == "gdn_scan"} == {
+        (32, 4), (64, 4), (64, 8), (128, 8)}
+    assert {v.BV for v in q.for_arch("sm_100a") if v.kernel == "gdn_scan"} == {64, 128}
+    assert len(q.variants) == 56 and len({v.key for v in q.variants}) == 56
     t = load_spec("tiny")  # a shipped spec by name
     assert len(t.variants) == 6
     assert {v.kernel for v in t.variants} == set(KERNELS)

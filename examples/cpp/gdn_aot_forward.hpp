@@ -9,7 +9,7 @@
 //   gdn_aot::Forward fwd(dir, "bf16", /*K=*/128, /*V=*/128, /*varlen=*/true, /*transpose=*/false, /*BV=*/64);
 //                                                       // (loads both kernels into the current context)
 //   gdn_aot::Shape shape = gdn_aot::Shape::packed(rows, num_seqs, H, HV, 128, 128);
-//   size_t bytes = fwd.workspace_bytes(shape);            // allocate once, reuse for every call of that size
+//   size_t bytes = fwd.workspace_bytes(shape, /*l2norm=*/true);  // allocate once, reuse for calls of that size
 //   CUresult r = gdn_aot::gdn_forward(fwd, shape, tensors, options, workspace, bytes, stream);
 //
 // Tensors (device pointers, contiguous, the layouts of the Python API with B*T = rows):
@@ -201,7 +201,7 @@ class Kernel {
 // Where each buffer lives in the workspace, and the grids, for one shape.
 struct Plan {
     unsigned prepare_grid[3] = {0, 0, 0}, scan_grid[3] = {0, 0, 0};
-    size_t w = 0, u = 0, gam = 0, rq = 0, rk = 0, scratch = 0;  // byte offsets
+    size_t w = 0, u = 0, gam = 0, rq = 0, rk = 0, scratch = 0;  // byte offsets (rq, rk: only with l2norm)
     size_t scratch_bytes = 0, total = 0;
     int32_t T_arg = 0;  // gdn_prepare / gdn_scan `T`: rows for varlen, the sequence length for fixed batches
 };
@@ -216,12 +216,13 @@ struct Selection {
                          dir.pick("gdn_scan", dtype, K, V, varlen, transpose ? 1 : 0, BV)};
     }
 
-    Plan plan(const Shape &s) const {
+    // l2norm: rq and rk exist only with use_qk_l2norm_in_kernel (as in the Python API)
+    Plan plan(const Shape &s, bool l2norm = true) const {
         Plan p;
         const size_t rows = static_cast<size_t>(s.rows()), hv_rows = rows * static_cast<size_t>(s.HV), elt = 2;
         const unsigned BT = static_cast<unsigned>(prepare.BT);
-        const unsigned slots = s.varlen ? static_cast<unsigned>(rows / BT) + static_cast<unsigned>(s.num_seqs)
-                                        : static_cast<unsigned>(s.num_seqs) * ((static_cast<unsigned>(s.T) + BT - 1) / BT);
+        const unsigned N = static_cast<unsigned>(s.num_seqs), T = static_cast<unsigned>(s.T);
+        const unsigned slots = s.varlen ? static_cast<unsigned>(rows / BT) + N : N * ((T + BT - 1) / BT);
         p.prepare_grid[0] = slots, p.prepare_grid[1] = s.HV, p.prepare_grid[2] = 1;
         p.scan_grid[0] = s.num_seqs, p.scan_grid[1] = s.HV, p.scan_grid[2] = s.V / scan.BV;
         p.T_arg = s.varlen ? static_cast<int32_t>(rows) : s.T;
@@ -234,8 +235,8 @@ struct Selection {
         p.w = take(hv_rows * s.K * elt);  // [rows, HV, K] in the input dtype (bf16 / fp16)
         p.u = take(hv_rows * s.V * elt);  // [rows, HV, V]
         p.gam = take(hv_rows * 4);        // [rows, HV] fp32 each
-        p.rq = take(hv_rows * 4);
-        p.rk = take(hv_rows * 4);
+        p.rq = l2norm ? take(hv_rows * 4) : 0;
+        p.rk = l2norm ? take(hv_rows * 4) : 0;
         // the two launches run one after the other on one stream, so they share one scratch region
         p.scratch_bytes = std::max(scratch(prepare, p.prepare_grid), scratch(scan, p.scan_grid));
         p.scratch = take(p.scratch_bytes);
@@ -252,15 +253,16 @@ struct Selection {
 // A Selection loaded into the context current at construction (unloaded on destruction).
 class Forward {
   public:
-    Forward(const ArtifactDir &dir, const Selection &sel) : sel_(sel), prepare_(dir, sel.prepare), scan_(dir, sel.scan) {}
+    Forward(const ArtifactDir &dir, const Selection &sel)
+        : sel_(sel), prepare_(dir, sel.prepare), scan_(dir, sel.scan) {}
     Forward(const ArtifactDir &dir, const std::string &dtype, int K, int V, bool varlen, bool transpose, int BV)
         : Forward(dir, Selection::pick(dir, dtype, K, V, varlen, transpose, BV)) {}
 
     const Selection &selection() const { return sel_; }
     const Kernel &prepare() const { return prepare_; }
     const Kernel &scan() const { return scan_; }
-    Plan plan(const Shape &s) const { return sel_.plan(s); }
-    size_t workspace_bytes(const Shape &s) const { return plan(s).total; }
+    Plan plan(const Shape &s, bool l2norm = true) const { return sel_.plan(s, l2norm); }
+    size_t workspace_bytes(const Shape &s, bool l2norm = true) const { return plan(s, l2norm).total; }
 
   private:
     Selection sel_;
@@ -268,29 +270,33 @@ class Forward {
 };
 
 // The forward: gdn_prepare then gdn_scan on `stream`, no host synchronisation (capturable in a CUDA graph).
-// workspace: workspace_bytes(shape) bytes of device memory, 256-byte aligned (cuMemAlloc's are).
+// workspace: workspace_bytes(shape, opt.l2norm) bytes of device memory, 256-byte aligned (cuMemAlloc's are).
 inline CUresult gdn_forward(const Forward &fwd, const Shape &s, const Tensors &t, const Options &opt,
                             CUdeviceptr workspace, size_t workspace_bytes, CUstream stream) {
     const Variant &sv = fwd.selection().scan;
-    if (s.H <= 0 || s.HV % s.H || s.K != sv.K || s.V != sv.V || s.varlen != sv.varlen || (s.varlen && (s.B != 1 || !t.cu_seqlens)) ||
-        (!s.varlen && s.num_seqs != s.B) || (t.state_indices && !t.h0))
+    if (s.H <= 0 || s.HV % s.H || s.K != sv.K || s.V != sv.V || s.varlen != sv.varlen ||
+        (s.varlen && (s.B != 1 || !t.cu_seqlens)) || (!s.varlen && s.num_seqs != s.B) || (t.state_indices && !t.h0))
         return CUDA_ERROR_INVALID_VALUE;
-    const Plan p = fwd.plan(s);
+    const Plan p = fwd.plan(s, opt.l2norm);
     if (workspace_bytes < p.total || (workspace % ALIGN) != 0) return CUDA_ERROR_INVALID_VALUE;
-    const float scale = opt.scale != 0.0f ? opt.scale : static_cast<float>(std::pow(static_cast<double>(s.K), -0.5));
-    const CUdeviceptr w = workspace + p.w, u = workspace + p.u, gam = workspace + p.gam, rq = workspace + p.rq,
-                      rk = workspace + p.rk, scratch = p.scratch_bytes ? workspace + p.scratch : 0;
+    const float scale =
+        opt.scale != 0.0f ? opt.scale : static_cast<float>(std::pow(static_cast<double>(s.K), -0.5));
+    const CUdeviceptr w = workspace + p.w, u = workspace + p.u, gam = workspace + p.gam,
+                      rq = opt.l2norm ? workspace + p.rq : 0, rk = opt.l2norm ? workspace + p.rk : 0,
+                      scratch = p.scratch_bytes ? workspace + p.scratch : 0;
     const int32_t prepare_flags = opt.l2norm ? PREPARE_L2NORM : 0;
     const int32_t scan_flags = (t.h0 ? SCAN_HAS_H0 : 0) | (t.ht ? SCAN_STORE_HT : 0) |
                                (t.state_indices ? SCAN_USE_INDICES : 0) | (opt.l2norm ? SCAN_L2NORM : 0);
     const unsigned *pg = p.prepare_grid, *sg = p.scan_grid;
+    const CUdeviceptr prepare_scratch = Selection::scratch(fwd.selection().prepare, pg) ? scratch : 0,
+                      scan_scratch = Selection::scratch(fwd.selection().scan, sg) ? scratch : 0;
     CUresult r = gdn_aot_launch_gdn_prepare(fwd.prepare().get(), stream, pg[0], pg[1], pg[2], t.q, t.k, t.v, t.g,
                                             t.beta, t.cu_seqlens, w, u, gam, rq, rk, p.T_arg, s.num_seqs, s.H, s.HV,
-                                            prepare_flags, Selection::scratch(fwd.selection().prepare, pg) ? scratch : 0);
+                                            prepare_flags, prepare_scratch);
     if (r != CUDA_SUCCESS) return r;
     return gdn_aot_launch_gdn_scan(fwd.scan().get(), stream, sg[0], sg[1], sg[2], t.q, t.k, w, u, gam, rq, rk,
                                    t.cu_seqlens, t.h0, t.ht, t.state_indices, t.o, scale, p.T_arg, s.H, s.HV,
-                                   scan_flags, Selection::scratch(fwd.selection().scan, sg) ? scratch : 0);
+                                   scan_flags, scan_scratch);
 }
 
 }  // namespace gdn_aot

@@ -159,7 +159,8 @@ struct Buffer {
     Buffer(const gdn_aot_driver_t *drv, size_t bytes) : d(drv) {
         if (bytes) gdn_aot::check(d->MemAlloc(&ptr, bytes), "cuMemAlloc(" + std::to_string(bytes) + ")");
     }
-    template <class T> Buffer(const gdn_aot_driver_t *drv, const std::vector<T> &host) : Buffer(drv, host.size() * sizeof(T)) {
+    template <class T>
+    Buffer(const gdn_aot_driver_t *drv, const std::vector<T> &host) : Buffer(drv, host.size() * sizeof(T)) {
         if (ptr) gdn_aot::check(d->MemcpyHtoD(ptr, host.data(), host.size() * sizeof(T)), "cuMemcpyHtoD");
     }
     ~Buffer() {
@@ -184,7 +185,7 @@ int run(const Args &a) {
     for (int len : a.lens) cu.push_back(cu.back() + len);
     const int rows = cu.back();
     const gdn_aot::Shape shape = gdn_aot::Shape::packed(rows, N, a.H, a.HV, a.K, a.V);
-    const gdn_aot::Plan plan = sel.plan(shape);
+    const gdn_aot::Plan plan = sel.plan(shape, a.l2norm);
     std::printf("prepare: %s\nscan: %s\n", sel.prepare.key.c_str(), sel.scan.key.c_str());
     std::printf("prepare_grid: %u %u %u\nscan_grid: %u %u %u\nworkspace_bytes: %zu\n", plan.prepare_grid[0],
                 plan.prepare_grid[1], plan.prepare_grid[2], plan.scan_grid[0], plan.scan_grid[1], plan.scan_grid[2],
@@ -230,7 +231,7 @@ int run(const Args &a) {
         gdn_aot::check(d->StreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
         const gdn_aot::Forward fwd(dir, sel);  // loads both cubins into the current context
         Buffer dq(d, q), dk(d, k), dv(d, v), dg(d, g), dbeta(d, beta), dcu(d, cu), dh0(d, h0);
-        Buffer dht(d, nh * 4), dout(d, nv * 2), work(d, fwd.workspace_bytes(shape));
+        Buffer dht(d, nh * 4), dout(d, nv * 2), work(d, fwd.workspace_bytes(shape, a.l2norm));
         gdn_aot::Tensors t;
         t.q = dq.ptr, t.k = dk.ptr, t.v = dv.ptr, t.g = dg.ptr, t.beta = dbeta.ptr, t.cu_seqlens = dcu.ptr;
         t.h0 = dh0.ptr, t.ht = dht.ptr, t.o = dout.ptr;
