@@ -7,6 +7,7 @@ holds for Blackwell too.
 from triton.experimental import gluon
 from triton.runtime.jit import constexpr_function
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma  # blackwell re-exports these
 
 PREPARE_L2NORM = gl.constexpr(1)  # flag bits, as in kernels/__init__.py
 SCAN_HAS_H0 = gl.constexpr(1)
@@ -142,7 +143,7 @@ def state_tile_offsets(slot, i_hv, i_v, HV, K: gl.constexpr, V: gl.constexpr, BV
 
 
 @gluon.jit
-def _chunk_rows(gam_head, rq_head, rk_head, c, seq_len, rows, HV, l2norm, BT: gl.constexpr):
+def chunk_rows(gam_head, rq_head, rk_head, c, seq_len, rows, HV, l2norm, BT: gl.constexpr):
     """gam of chunk c's rows (fp32 cumsum from gdn_prepare), gam of its last row, and the inverse q/k row
     norms (1.0 without use_qk_l2norm_in_kernel); rows past the sequence read as gam 0, norm 1 (so c may be
     n_chunks: both scan kernels call it one chunk ahead, since loading a chunk's rows at the top of its own
@@ -224,3 +225,37 @@ def store_state_tile(ht, h, slot, i_hv, i_v, HV, mask, K: gl.constexpr, V: gl.co
     io: gl.constexpr = state_io_layout(K, BV, TRANSPOSE_STATE, gl.num_warps())
     offs = state_tile_offsets(slot, i_hv, i_v, HV, K, V, BV, TRANSPOSE_STATE, io)
     gl.store(ht + offs, gl.convert_layout(h, io), mask=mask)
+
+
+@gluon.jit
+def load_rows(ptr, row0, n_rows, row_stride, BT: gl.constexpr, COLS: gl.constexpr, layout: gl.constexpr):
+    """Masked register load of a [BT, COLS] row tile of a token-major tensor; rows past n_rows read as 0."""
+    rows = gl.arange(0, BT, gl.SliceLayout(1, layout))
+    cols = gl.arange(0, COLS, gl.SliceLayout(0, layout))
+    offs = (row0 + rows).to(gl.int64)[:, None] * row_stride + cols[None, :]
+    return gl.load(ptr + offs, mask=(rows < n_rows)[:, None], other=0.0)
+
+
+@gluon.jit
+def inverse_row_norms(x):
+    """1 / sqrt(sum(x^2) + 1e-6) per row, in fp32 (fla's l2norm)."""
+    xf = x.to(gl.float32)
+    return 1.0 / gl.sqrt(gl.sum(xf * xf, axis=1) + 1e-6)
+
+
+@gluon.jit
+def row_tile_desc(base, row_stride, seq_len, BT: gl.constexpr, COLS: gl.constexpr):
+    """TMA descriptor over one head's [seq_len, COLS] rows of a token-major tensor."""
+    layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, COLS], base.dtype.element_ty)
+    return tma.make_tensor_descriptor(base, [gl.maximum(seq_len, 1), COLS], [row_stride, 1], [BT, COLS], layout)
+
+
+@gluon.jit
+def issue_chunk_loads(q_desc, k_desc, w_desc, u_desc, row, bar, q_buf, k_buf, w_buf, u_buf):
+    """TMA loads of one chunk's q, k, w, u tiles, completing on `bar`."""
+    mbarrier.expect(bar, q_desc.block_type.nbytes + k_desc.block_type.nbytes + w_desc.block_type.nbytes
+                    + u_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [row, 0], bar, q_buf)
+    tma.async_copy_global_to_shared(k_desc, [row, 0], bar, k_buf)
+    tma.async_copy_global_to_shared(w_desc, [row, 0], bar, w_buf)
+    tma.async_copy_global_to_shared(u_desc, [row, 0], bar, u_buf)

@@ -31,8 +31,8 @@ from triton.experimental.gluon.language.nvidia.blackwell import (TensorMemoryLay
                                                                   fence_async_shared, get_tmem_reg_layout,
                                                                   mbarrier, tcgen05_commit, tcgen05_mma, tma)
 
-from .common import (PREPARE_L2NORM, causal_decay_bitmask, chunk_cumsum, row_load_layout, sequence_of_chunk_slot,
-                     squaring_rounds)
+from .common import (PREPARE_L2NORM, causal_decay_bitmask, chunk_cumsum, inverse_row_norms, load_rows,
+                     row_load_layout, sequence_of_chunk_slot, squaring_rounds)
 
 
 @gluon.jit
@@ -88,22 +88,6 @@ def _unit_lower_inverse(A, a_smem, bt_smem, acc_tmem, reg_layout: gl.constexpr, 
         prod, phase = _tf32_matmul(inverse, power, a_smem, bt_smem, acc_tmem, reg_layout, bar, phase)
         inverse = inverse + prod
     return inverse, phase
-
-
-@gluon.jit
-def _load_rows(ptr, row0, n_rows, row_stride, BT: gl.constexpr, COLS: gl.constexpr, layout: gl.constexpr):
-    """Masked register load of a [BT, COLS] row tile (as prepare_sm90.py; rows past n_rows read as 0)."""
-    rows = gl.arange(0, BT, gl.SliceLayout(1, layout))
-    cols = gl.arange(0, COLS, gl.SliceLayout(0, layout))
-    offs = (row0 + rows).to(gl.int64)[:, None] * row_stride + cols[None, :]
-    return gl.load(ptr + offs, mask=(rows < n_rows)[:, None], other=0.0)
-
-
-@gluon.jit
-def _inverse_row_norms(x):
-    """1 / sqrt(sum(x^2) + 1e-6) per row, in fp32 (fla's l2norm)."""
-    xf = x.to(gl.float32)
-    return 1.0 / gl.sqrt(gl.sum(xf * xf, axis=1) + 1e-6)
 
 
 @gluon.jit
@@ -168,12 +152,12 @@ def prepare_kernel(q, k, v, g, beta, cu_seqlens, w, u, gam, rq, rk, T, num_seqs,
         rl = gl.arange(0, BT, gl.SliceLayout(1, load_k))
         norm_offs = (start + rl).to(gl.int64) * HV + i_hv
         if l2norm:
-            rq_rows = _inverse_row_norms(_load_rows(q + i_h * K, start, n_rows, H * K, BT, K, load_k))
+            rq_rows = inverse_row_norms(load_rows(q + i_h * K, start, n_rows, H * K, BT, K, load_k))
             gl.store(rq + norm_offs, rq_rows, mask=rl < n_rows)
         mbarrier.wait(load_bar, 0)
         if l2norm:
             k_tile = k_smem.load(load_k)
-            rk_rows = _inverse_row_norms(k_tile)
+            rk_rows = inverse_row_norms(k_tile)
             k_smem.store((k_tile.to(gl.float32) * gl.expand_dims(rk_rows, 1)).to(dtype))
             gl.store(rk + norm_offs, rk_rows, mask=rl < n_rows)
 

@@ -18,8 +18,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
-from .common import (PREPARE_L2NORM, causal_decay, chunk_cumsum, row_load_layout, sequence_of_chunk_slot,
-                     squaring_rounds, wgmma_layout)
+from .common import (PREPARE_L2NORM, causal_decay, chunk_cumsum, inverse_row_norms, load_rows, row_load_layout,
+                     sequence_of_chunk_slot, squaring_rounds, wgmma_layout)
 
 
 @gluon.jit
@@ -50,14 +50,6 @@ def _unit_lower_inverse(A, a_smem, bt_smem):
 
 
 @gluon.jit
-def _load_rows(ptr, row0, n_rows, row_stride, BT: gl.constexpr, COLS: gl.constexpr, layout: gl.constexpr):
-    rows = gl.arange(0, BT, gl.SliceLayout(1, layout))
-    cols = gl.arange(0, COLS, gl.SliceLayout(0, layout))
-    offs = (row0 + rows).to(gl.int64)[:, None] * row_stride + cols[None, :]
-    return gl.load(ptr + offs, mask=(rows < n_rows)[:, None], other=0.0)
-
-
-@gluon.jit
 def _store_rows(ptr, x, row0, n_rows, row_stride, layout: gl.constexpr):
     BT: gl.constexpr = x.shape[0]
     COLS: gl.constexpr = x.shape[1]
@@ -66,13 +58,6 @@ def _store_rows(ptr, x, row0, n_rows, row_stride, layout: gl.constexpr):
     cols = gl.arange(0, COLS, gl.SliceLayout(0, layout))
     offs = (row0 + rows).to(gl.int64)[:, None] * row_stride + cols[None, :]
     gl.store(ptr + offs, x, mask=(rows < n_rows)[:, None])
-
-
-@gluon.jit
-def _inverse_row_norms(x):
-    """1 / sqrt(sum(x^2) + 1e-6) per row, in fp32 (fla's l2norm)."""
-    xf = x.to(gl.float32)
-    return 1.0 / gl.sqrt(gl.sum(xf * xf, axis=1) + 1e-6)
 
 
 @gluon.jit
@@ -106,11 +91,11 @@ def prepare_kernel(q, k, v, g, beta, cu_seqlens, w, u, gam, rq, rk, T, num_seqs,
         gl.store(gam + gate_offs_r, gam_rows, mask=r < n_rows)
 
         # --- k (normalised if asked) and v tiles into shared memory, the wgmma operand home.
-        k_tile = _load_rows(k + i_h * K, start, n_rows, H * K, BT, K, load_k)
+        k_tile = load_rows(k + i_h * K, start, n_rows, H * K, BT, K, load_k)
         if flags & PREPARE_L2NORM:
-            rk_rows = _inverse_row_norms(k_tile)
+            rk_rows = inverse_row_norms(k_tile)
             k_tile = (k_tile.to(gl.float32) * gl.expand_dims(rk_rows, 1)).to(dtype)
-            rq_rows = _inverse_row_norms(_load_rows(q + i_h * K, start, n_rows, H * K, BT, K, load_k))
+            rq_rows = inverse_row_norms(load_rows(q + i_h * K, start, n_rows, H * K, BT, K, load_k))
             rl = gl.arange(0, BT, gl.SliceLayout(1, load_k))
             norm_offs = (start + rl).to(gl.int64) * HV + i_hv
             gl.store(rk + norm_offs, rk_rows, mask=rl < n_rows)
@@ -118,7 +103,7 @@ def prepare_kernel(q, k, v, g, beta, cu_seqlens, w, u, gam, rq, rk, T, num_seqs,
         k_smem = gl.allocate_shared_memory(dtype, [BT, K], gl.NVMMASharedLayout.get_default_for([BT, K], dtype),
                                            k_tile)
         v_smem = gl.allocate_shared_memory(dtype, [BT, V], gl.NVMMASharedLayout.get_default_for([BT, V], dtype),
-                                           _load_rows(v + i_hv * V, start, n_rows, HV * V, BT, V,
+                                           load_rows(v + i_hv * V, start, n_rows, HV * V, BT, V,
                                                       row_load_layout(V, num_warps)))
         fence_async_shared()
 

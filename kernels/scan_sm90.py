@@ -15,24 +15,9 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma
 
-from .common import (SCAN_HAS_H0, SCAN_L2NORM, SCAN_STORE_HT, SCAN_USE_INDICES, _chunk_rows, causal_decay,
-                     sequence_bounds, load_state_tile, store_state_tile, wgmma_layout)
-
-@gluon.jit
-def _row_tile_desc(base, row_stride, seq_len, BT: gl.constexpr, COLS: gl.constexpr):
-    """TMA descriptor over one head's [seq_len, COLS] rows of a token-major tensor."""
-    layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, COLS], base.dtype.element_ty)
-    return tma.make_tensor_descriptor(base, [gl.maximum(seq_len, 1), COLS], [row_stride, 1], [BT, COLS], layout)
-
-
-@gluon.jit
-def _issue_chunk_loads(q_desc, k_desc, w_desc, u_desc, row, bar, q_buf, k_buf, w_buf, u_buf):
-    mbarrier.expect(bar, q_desc.block_type.nbytes + k_desc.block_type.nbytes + w_desc.block_type.nbytes
-                    + u_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [row, 0], bar, q_buf)
-    tma.async_copy_global_to_shared(k_desc, [row, 0], bar, k_buf)
-    tma.async_copy_global_to_shared(w_desc, [row, 0], bar, w_buf)
-    tma.async_copy_global_to_shared(u_desc, [row, 0], bar, u_buf)
+from .common import (SCAN_HAS_H0, SCAN_L2NORM, SCAN_STORE_HT, SCAN_USE_INDICES, causal_decay, chunk_rows,
+                     issue_chunk_loads, load_state_tile, row_tile_desc, sequence_bounds, store_state_tile,
+                     wgmma_layout)
 
 
 @gluon.jit
@@ -61,11 +46,11 @@ def scan_kernel(q, k, w, u, gam, rq, rk, cu_seqlens, h0, ht, state_indices, o, s
 
     # --- per-sequence TMA descriptors (row bound = seq_len).
     row0 = bos.to(gl.int64)
-    q_desc = _row_tile_desc(q + row0 * H * K + i_h * K, H * K, seq_len, BT, K)
-    k_desc = _row_tile_desc(k + row0 * H * K + i_h * K, H * K, seq_len, BT, K)
-    w_desc = _row_tile_desc(w + row0 * HV * K + i_hv * K, HV * K, seq_len, BT, K)
-    u_desc = _row_tile_desc(u + row0 * HV * V + i_hv * V + i_v * BV, HV * V, seq_len, BT, BV)
-    o_desc = _row_tile_desc(o + row0 * HV * V + i_hv * V + i_v * BV, HV * V, seq_len, BT, BV)
+    q_desc = row_tile_desc(q + row0 * H * K + i_h * K, H * K, seq_len, BT, K)
+    k_desc = row_tile_desc(k + row0 * H * K + i_h * K, H * K, seq_len, BT, K)
+    w_desc = row_tile_desc(w + row0 * HV * K + i_hv * K, HV * K, seq_len, BT, K)
+    u_desc = row_tile_desc(u + row0 * HV * V + i_hv * V + i_v * BV, HV * V, seq_len, BT, BV)
+    o_desc = row_tile_desc(o + row0 * HV * V + i_hv * V + i_v * BV, HV * V, seq_len, BT, BV)
 
     # --- shared memory: a two-stage ring for the chunk inputs, single buffers for what the MMAs exchange.
     q_ring = gl.allocate_shared_memory(dtype, [2, BT, K], q_desc.layout)
@@ -87,19 +72,19 @@ def scan_kernel(q, k, w, u, gam, rq, rk, cu_seqlens, h0, ht, state_indices, o, s
     rq_head = rq + row0 * HV + i_hv
     rk_head = rk + row0 * HV + i_hv
     l2norm = (flags & SCAN_L2NORM) != 0
-    gam_v, gam_last, rq_v, rk_v = _chunk_rows(gam_head, rq_head, rk_head, 0, seq_len, rows, HV, l2norm, BT)
+    gam_v, gam_last, rq_v, rk_v = chunk_rows(gam_head, rq_head, rk_head, 0, seq_len, rows, HV, l2norm, BT)
 
     if n_chunks > 0:
-        _issue_chunk_loads(q_desc, k_desc, w_desc, u_desc, 0, ready.index(0),
+        issue_chunk_loads(q_desc, k_desc, w_desc, u_desc, 0, ready.index(0),
                            q_ring.index(0), k_ring.index(0), w_ring.index(0), u_ring.index(0))
     for c in range(n_chunks):
         s = c % 2
         if c + 1 < n_chunks:
             # the other stage was last read in chunk c - 1; every warp must be past it before TMA overwrites it
             gl.thread_barrier()
-            _issue_chunk_loads(q_desc, k_desc, w_desc, u_desc, (c + 1) * BT, ready.index(1 - s),
+            issue_chunk_loads(q_desc, k_desc, w_desc, u_desc, (c + 1) * BT, ready.index(1 - s),
                                q_ring.index(1 - s), k_ring.index(1 - s), w_ring.index(1 - s), u_ring.index(1 - s))
-        gam_n, last_n, rq_n, rk_n = _chunk_rows(gam_head, rq_head, rk_head, c + 1, seq_len, rows, HV, l2norm, BT)
+        gam_n, last_n, rq_n, rk_n = chunk_rows(gam_head, rq_head, rk_head, c + 1, seq_len, rows, HV, l2norm, BT)
 
         # row scalings of the chunk: q_i -> rq_i q_i and k_j -> rk_j k_j (use_qk_l2norm_in_kernel) fold in here
         n_rows = seq_len - c * BT

@@ -19,17 +19,21 @@ def l2norm_np(x, eps=1e-6):
     return x / np.sqrt((x * x).sum(-1, keepdims=True) + eps)
 
 
-def recurrence_fp64(q, k, v, g, beta, cu_seqlens, h0=None, scale=None, l2norm=False):
+def _setup_fp64(q, k, v, g, beta, cu_seqlens, scale, l2norm):
+    """float64 inputs (q, k normalised if asked, expanded to the value heads), the scale, zeroed o and ht."""
     q, k, v, g, beta = (np.asarray(x, dtype=np.float64) for x in (q, k, v, g, beta))
     if l2norm:
         q, k = l2norm_np(q), l2norm_np(k)
     T, HV, V = v.shape
     K = q.shape[-1]
     scale = K ** -0.5 if scale is None else scale
-    q, k = _expand_heads(q, HV), _expand_heads(k, HV)
-    n = len(cu_seqlens) - 1
-    o = np.zeros((T, HV, V))
-    ht = np.zeros((n, HV, K, V))
+    o, ht = np.zeros((T, HV, V)), np.zeros((len(cu_seqlens) - 1, HV, K, V))
+    return _expand_heads(q, HV), _expand_heads(k, HV), v, g, beta, scale, o, ht
+
+
+def recurrence_fp64(q, k, v, g, beta, cu_seqlens, h0=None, scale=None, l2norm=False):
+    q, k, v, g, beta, scale, o, ht = _setup_fp64(q, k, v, g, beta, cu_seqlens, scale, l2norm)
+    n, HV, K, V = ht.shape
     for s in range(n):
         S = np.zeros((HV, K, V)) if h0 is None else np.array(h0[s], dtype=np.float64)
         for t in range(int(cu_seqlens[s]), int(cu_seqlens[s + 1])):
@@ -43,16 +47,8 @@ def recurrence_fp64(q, k, v, g, beta, cu_seqlens, h0=None, scale=None, l2norm=Fa
 
 def chunked_fp64(q, k, v, g, beta, cu_seqlens, h0=None, scale=None, l2norm=False, BT=64):
     """The seven lines of the chunked form, one chunk at a time, in float64."""
-    q, k, v, g, beta = (np.asarray(x, dtype=np.float64) for x in (q, k, v, g, beta))
-    if l2norm:
-        q, k = l2norm_np(q), l2norm_np(k)
-    T, HV, V = v.shape
-    K = q.shape[-1]
-    scale = K ** -0.5 if scale is None else scale
-    q, k = _expand_heads(q, HV), _expand_heads(k, HV)
-    n = len(cu_seqlens) - 1
-    o = np.zeros((T, HV, V))
-    ht = np.zeros((n, HV, K, V))
+    q, k, v, g, beta, scale, o, ht = _setup_fp64(q, k, v, g, beta, cu_seqlens, scale, l2norm)
+    n, HV, K, V = ht.shape
     for s in range(n):
         for hv in range(HV):
             h = np.zeros((K, V)) if h0 is None else np.array(h0[s, hv], dtype=np.float64)
