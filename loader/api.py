@@ -270,10 +270,14 @@ def _check_indices(idx, num_seqs, slots, validate):
     if tuple(idx.shape) != (num_seqs,):
         raise ValueError(f"state_indices must have one slot per sequence, shape [{num_seqs}], got {list(idx.shape)}")
     if validate:
-        lo, hi = int(idx.min()), int(idx.max())
-        if lo < -1 or hi >= slots:
+        host = idx.tolist()
+        if min(host) < -1 or max(host) >= slots:
             raise ValueError(f"state_indices must lie in [-1, {slots - 1}] (the pool has {slots} slots), "
-                             f"got values in [{lo}, {hi}]")
+                             f"got values in [{min(host)}, {max(host)}]")
+        used = [i for i in host if i >= 0]
+        if len(set(used)) != len(used):
+            raise ValueError("state_indices must not give two sequences the same slot (both would write it), "
+                             f"got {sorted(i for i in set(used) if used.count(i) > 1)} more than once")
 
 
 def _check_state(name, x, state_shape, num_seqs, transpose_state):

@@ -48,6 +48,8 @@ CASES = [
      "state_indices must be int32 or int64"),
     (dict(initial_state=torch.zeros(3, 4, 128, 128), state_indices=torch.tensor([5]), validate=True), ValueError,
      "state_indices must lie in \\[-1, 2\\]"),
+    (dict(initial_state=torch.zeros(3, 4, 128, 128), state_indices=torch.tensor([1, -1, 1]), validate=True,
+          cu_seqlens=torch.tensor([0, 4, 4, 8])), ValueError, "same slot"),
     (dict(output=torch.empty(1, 8, 4, 64, dtype=torch.bfloat16)), ValueError, "output must be a contiguous"),
     (dict(scale=float("nan")), ValueError, "scale must be a finite number"),
     (dict(head_first=True), ValueError, "head_first=True is not supported"),

@@ -235,3 +235,19 @@ def test_prepare_through_the_loader_on_gpu(tiny_build):
         ref = (1 / x.float().norm(dim=-1)).repeat_interleave(HV // H, dim=1)
         torch.testing.assert_close(r, ref, atol=1e-5, rtol=1e-3)
     assert torch.isfinite(w.float()).all() and torch.isfinite(u.float()).all()
+
+
+def test_modules_are_per_device_and_created_once_under_threads(tiny_build):
+    """Multi-GPU bookkeeping without a second GPU: each device index gets its own ArtifactSet and Kernel
+    handles (so its module is loaded in that device's context), and concurrent first use from several threads
+    yields one handle per device."""
+    import concurrent.futures
+
+    (key,) = tiny_build.require("sm_90a", "gdn_prepare")
+    sets = [Artifacts.for_device(i, capability=(9, 0), root=tiny_build.out) for i in (0, 1)]
+    assert sets[0] is not sets[1] and [s.device_index for s in sets] == [0, 1]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        handles = list(pool.map(lambda i: sets[i % 2].kernel(key), range(64)))
+    by_device = {h.device_index: h for h in handles}
+    assert set(by_device) == {0, 1} and by_device[0] is not by_device[1]
+    assert all(h is by_device[h.device_index] for h in handles)
