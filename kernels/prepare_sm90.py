@@ -104,7 +104,7 @@ def prepare_kernel(q, k, v, g, beta, cu_seqlens, w, u, gam, rq, rk, T, num_seqs,
                                            k_tile)
         v_smem = gl.allocate_shared_memory(dtype, [BT, V], gl.NVMMASharedLayout.get_default_for([BT, V], dtype),
                                            load_rows(v + i_hv * V, start, n_rows, HV * V, BT, V,
-                                                      row_load_layout(V, num_warps)))
+                                                     row_load_layout(V, num_warps)))
         fence_async_shared()
 
         # --- A = beta_i (k k^T)_ij exp(gam_i - gam_j), strictly lower; Tc = (I + A)^-1 in tf32 (tensor cores).

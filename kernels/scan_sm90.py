@@ -76,14 +76,14 @@ def scan_kernel(q, k, w, u, gam, rq, rk, cu_seqlens, h0, ht, state_indices, o, s
 
     if n_chunks > 0:
         issue_chunk_loads(q_desc, k_desc, w_desc, u_desc, 0, ready.index(0),
-                           q_ring.index(0), k_ring.index(0), w_ring.index(0), u_ring.index(0))
+                          q_ring.index(0), k_ring.index(0), w_ring.index(0), u_ring.index(0))
     for c in range(n_chunks):
         s = c % 2
         if c + 1 < n_chunks:
             # the other stage was last read in chunk c - 1; every warp must be past it before TMA overwrites it
             gl.thread_barrier()
             issue_chunk_loads(q_desc, k_desc, w_desc, u_desc, (c + 1) * BT, ready.index(1 - s),
-                               q_ring.index(1 - s), k_ring.index(1 - s), w_ring.index(1 - s), u_ring.index(1 - s))
+                              q_ring.index(1 - s), k_ring.index(1 - s), w_ring.index(1 - s), u_ring.index(1 - s))
         gam_n, last_n, rq_n, rk_n = chunk_rows(gam_head, rq_head, rk_head, c + 1, seq_len, rows, HV, l2norm, BT)
 
         # row scalings of the chunk: q_i -> rq_i q_i and k_j -> rk_j k_j (use_qk_l2norm_in_kernel) fold in here
