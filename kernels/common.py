@@ -9,11 +9,15 @@ from triton.runtime.jit import constexpr_function
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma  # blackwell re-exports these
 
-PREPARE_L2NORM = gl.constexpr(1)  # flag bits, as in kernels/__init__.py
-SCAN_HAS_H0 = gl.constexpr(1)
-SCAN_STORE_HT = gl.constexpr(2)
-SCAN_USE_INDICES = gl.constexpr(4)
-SCAN_L2NORM = gl.constexpr(8)
+from . import PREPARE_L2NORM as _PREPARE_L2NORM, SCAN_HAS_H0 as _SCAN_HAS_H0, SCAN_L2NORM as _SCAN_L2NORM
+from . import SCAN_STORE_HT as _SCAN_STORE_HT, SCAN_USE_INDICES as _SCAN_USE_INDICES
+
+# the flag bits defined in kernels/__init__.py (the launcher ABI), as constexprs the kernels can read
+PREPARE_L2NORM = gl.constexpr(_PREPARE_L2NORM)
+SCAN_HAS_H0 = gl.constexpr(_SCAN_HAS_H0)
+SCAN_STORE_HT = gl.constexpr(_SCAN_STORE_HT)
+SCAN_USE_INDICES = gl.constexpr(_SCAN_USE_INDICES)
+SCAN_L2NORM = gl.constexpr(_SCAN_L2NORM)
 
 
 @constexpr_function
@@ -157,6 +161,20 @@ def chunk_rows(gam_head, rq_head, rk_head, c, seq_len, rows, HV, l2norm, BT: gl.
     rq_v = gl.load(rq_head + offs, mask=valid & l2norm, other=1.0)
     rk_v = gl.load(rk_head + offs, mask=valid & l2norm, other=1.0)
     return gam_v, gam_last, rq_v, rk_v
+
+
+@gluon.jit
+def chunk_row_scalings(gam_v, gam_last, rq_v, rk_v, scale, rows_tv: gl.constexpr, rows_tt: gl.constexpr,
+                       cols_tt: gl.constexpr):
+    """The chunk's per-row factors in the layouts of the MMA results that use them (gdn_scan, both arches):
+    o_scale = scale e^gam rq (rows of q h), v_dec_scale = e^(gam_last - gam) rk (rows of v_dec), the decay
+    exponents with scale and norms folded in, e^(gam_i - gam_j) scale rq_i rk_j
+    = e^((gam_i + ln(scale rq_i)) - (gam_j - ln rk_j)), and e^gam_last for the state."""
+    o_scale = gl.convert_layout(scale * gl.exp(gam_v) * rq_v, rows_tv)
+    v_dec_scale = gl.convert_layout(gl.exp(gam_last - gam_v) * rk_v, rows_tv)
+    decay_rows = gl.convert_layout(gam_v + gl.log(rq_v * scale), rows_tt)
+    decay_cols = gl.convert_layout(gam_v - gl.log(rk_v), cols_tt)
+    return o_scale, v_dec_scale, decay_rows, decay_cols, gl.exp(gam_last)
 
 
 # --- added for the sm_100a family (the functions above are shared with sm_90a and unchanged) ---------------

@@ -22,8 +22,8 @@ What Blackwell changes:
     through the same descriptors, which clips the rows past the chunk (no masked stores).
   * the strict causal decay mask is built from 16-wide bitmasks (common.causal_decay_bitmask).
 TMEM: one [BT, K] fp32 accumulator for w and one [BT, V] for u; kkt and every tf32 product of the inverse run
-in the first BT columns of the u accumulator (they are finished before u is computed). Two M = 64 [BT, 128] accumulators: Triton packs them into
-128 TMEM columns (tmem_size 128).
+in the first BT columns of the u accumulator (they are finished before u is computed). Two M = 64 [BT, 128]
+accumulators: Triton packs them into 128 TMEM columns (tmem_size 128).
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl

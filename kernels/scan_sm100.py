@@ -27,11 +27,12 @@ Units:
     by storing the [K, BV/2] register tile into a permuted ([1, 0]) view of a [BV/2, K] tile.
 The state h [K, BV] fp32 lives in TMEM as the accumulator of the k^T v_dec update. Why TMEM and not registers:
 every chunk needs h as a 16-bit MMA operand in shared memory anyway (tcgen05.ld, cvt, st.shared), and the
-decay e^gam_last is applied in the same pass (tcgen05.st back), done in [K, 64] column slices, so at most 64 fp32
-values of h a thread are live in registers, and only during that pass, instead of across the whole loop body (BV = 128 would pin 128 fp32 registers a thread, as the wgmma
-accumulator does on sm_90a); the update itself is then a single accumulating MMA, and the final state is read
-back in two [K, BV/2] column slices. The ordering this needs (tcgen05.st before the MMA that accumulates into
-it) is given by tcgen05.wait::st (emitted with the store) + fence + CTA barrier before the single-thread issue.
+decay e^gam_last is applied in the same pass (tcgen05.st back), done in [K, 64] column slices, so at most 64
+fp32 values of h a thread are live in registers, and only during that pass, instead of across the whole loop
+body (BV = 128 would pin 128 fp32 registers a thread, as the wgmma accumulator does on sm_90a); the update
+itself is then a single accumulating MMA, and the final state is read back in two [K, BV/2] column slices.
+The ordering this needs (tcgen05.st before the MMA that accumulates into it) is given by tcgen05.wait::st
+(emitted with the store) + fence + CTA barrier before the single-thread issue.
 TMEM columns: h BV + inter BV + acc_a BV + scores BT (M = 64 accumulators may share columns, see tmem_size).
 """
 from triton.experimental import gluon
@@ -40,8 +41,9 @@ from triton.experimental.gluon.language.nvidia.blackwell import (TensorMemoryLay
                                                                   fence_async_shared, get_tmem_reg_layout,
                                                                   mbarrier, tcgen05_commit, tcgen05_mma, tma)
 
-from .common import (SCAN_HAS_H0, SCAN_L2NORM, SCAN_STORE_HT, SCAN_USE_INDICES, causal_decay_bitmask, chunk_rows,
-                     issue_chunk_loads, load_state_tile, row_tile_desc, sequence_bounds)
+from .common import (SCAN_HAS_H0, SCAN_L2NORM, SCAN_STORE_HT, SCAN_USE_INDICES, causal_decay_bitmask,
+                     chunk_row_scalings, chunk_rows, issue_chunk_loads, load_state_tile, row_tile_desc,
+                     sequence_bounds)
 
 ROW_SKIP = gl.constexpr(0x7FFFFFFF)  # async_scatter row offset that the TMA unit skips (out of range)
 
@@ -193,13 +195,9 @@ def scan_kernel(q, k, w, u, gam, rq, rk, cu_seqlens, h0, ht, state_indices, o, s
 
         # row scalings of the chunk: q_i -> rq_i q_i and k_j -> rk_j k_j (use_qk_l2norm_in_kernel) fold in here
         n_rows = seq_len - c * BT
-        o_scale = gl.convert_layout(scale * gl.exp(gam_v) * rq_v, gl.SliceLayout(1, reg_tv))
-        v_dec_scale = gl.convert_layout(gl.exp(gam_last - gam_v) * rk_v, gl.SliceLayout(1, reg_tv))
-        # scale and norms enter the decay's exponent: e^(gam_i - gam_j) scale rq_i rk_j
-        #   = e^((gam_i + ln(scale rq_i)) - (gam_j - ln rk_j))
-        decay_rows = gl.convert_layout(gam_v + gl.log(rq_v * scale), gl.SliceLayout(1, reg_tt))
-        decay_cols = gl.convert_layout(gam_v - gl.log(rk_v), gl.SliceLayout(0, reg_tt))
-        h_decay = gl.exp(gam_last)
+        o_scale, v_dec_scale, decay_rows, decay_cols, h_decay = chunk_row_scalings(
+            gam_v, gam_last, rq_v, rk_v, scale, gl.SliceLayout(1, reg_tv), gl.SliceLayout(1, reg_tt),
+            gl.SliceLayout(0, reg_tt))
 
         # h: TMEM -> registers once: the bf16 operand for w h and q h, and e^gam_last h back into TMEM, where
         # the k^T v_dec MMA of this chunk accumulates onto it

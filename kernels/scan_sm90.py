@@ -15,9 +15,9 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma
 
-from .common import (SCAN_HAS_H0, SCAN_L2NORM, SCAN_STORE_HT, SCAN_USE_INDICES, causal_decay, chunk_rows,
-                     issue_chunk_loads, load_state_tile, row_tile_desc, sequence_bounds, store_state_tile,
-                     wgmma_layout)
+from .common import (SCAN_HAS_H0, SCAN_L2NORM, SCAN_STORE_HT, SCAN_USE_INDICES, causal_decay, chunk_row_scalings,
+                     chunk_rows, issue_chunk_loads, load_state_tile, row_tile_desc, sequence_bounds,
+                     store_state_tile, wgmma_layout)
 
 
 @gluon.jit
@@ -88,13 +88,9 @@ def scan_kernel(q, k, w, u, gam, rq, rk, cu_seqlens, h0, ht, state_indices, o, s
 
         # row scalings of the chunk: q_i -> rq_i q_i and k_j -> rk_j k_j (use_qk_l2norm_in_kernel) fold in here
         n_rows = seq_len - c * BT
-        o_scale = gl.convert_layout(scale * gl.exp(gam_v) * rq_v, gl.SliceLayout(1, acc_tv))
-        v_dec_scale = gl.convert_layout(gl.exp(gam_last - gam_v) * rk_v, gl.SliceLayout(1, acc_tv))
-        # scale and norms enter the decay's exponent: e^(gam_i - gam_j) scale rq_i rk_j
-        #   = e^((gam_i + ln(scale rq_i)) - (gam_j - ln rk_j))
-        decay_rows = gl.convert_layout(gam_v + gl.log(rq_v * scale), gl.SliceLayout(1, acc_tt))
-        decay_cols = gl.convert_layout(gam_v - gl.log(rk_v), gl.SliceLayout(0, acc_tt))
-        h_decay = gl.exp(gam_last)
+        o_scale, v_dec_scale, decay_rows, decay_cols, h_decay = chunk_row_scalings(
+            gam_v, gam_last, rq_v, rk_v, scale, gl.SliceLayout(1, acc_tv), gl.SliceLayout(1, acc_tt),
+            gl.SliceLayout(0, acc_tt))
 
         mbarrier.wait(ready.index(s), (c // 2) & 1)
         q_s = q_ring.index(s)

@@ -18,7 +18,6 @@ from gdn_aot.loader.runtime import Artifacts
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 _BT = 64
 _sm_count: dict[int, int] = {}
-_artifact_sets: dict[tuple, tuple] = {}
 
 
 def chunk_gated_delta_rule(
@@ -117,12 +116,12 @@ def chunk_gated_delta_rule(
         if x is not None and x.device != device:
             raise ValueError(f"{name} is on {x.device} but q is on {device}: all tensors must be on one device")
 
-    # 3. artifacts for this device's arch (looked up once per device and root)
+    # 3. artifacts for this device's arch
     index = device.index if device.index is not None else torch.cuda.current_device()
-    arts, built_dims = _artifact_set(index, artifacts)
-    if (K, V) not in built_dims:
-        raise ValueError(f"head dims K={K}, V={V} are not built for {arts.arch}; built (K, V): {sorted(built_dims)}. "
-                         f"Add them to a spec's K/V and rebuild (gdn-aot build SPEC).")
+    arts = Artifacts.for_device(index, root=artifacts)
+    if (K, V) not in arts.head_dims:
+        raise ValueError(f"head dims K={K}, V={V} are not built for {arts.arch}; built (K, V): "
+                         f"{sorted(arts.head_dims)}. Add them to a spec's K/V and rebuild (gdn-aot build SPEC).")
 
     g = g.to(torch.float32).contiguous()
     beta = beta.to(torch.float32).contiguous()
@@ -222,17 +221,6 @@ def _check_gate(name, x, shape):
         raise ValueError(f"{name} must have shape [B, T, HV] = {list(shape)}, got {list(x.shape)}")
     if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise TypeError(f"{name} must be float32, bfloat16 or float16, got {x.dtype}")
-
-
-def _artifact_set(index: int, root):
-    """(ArtifactSet, built (K, V) pairs) for a device index and artifact root, cached after the first call."""
-    key = (index, root)
-    hit = _artifact_sets.get(key)
-    if hit is None:
-        arts = Artifacts.for_device(index, root=root)
-        dims = {(e["axes"]["K"], e["axes"]["V"]) for e in arts.manifest.variants.values() if e["kernel"] == "gdn_scan"}
-        hit = _artifact_sets[key] = (arts, frozenset(dims))
-    return hit
 
 
 def _check_cu_seqlens(cu, B, T, validate) -> int:

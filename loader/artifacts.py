@@ -3,7 +3,8 @@
 Layout written by `gdn-aot build` (docs/artifacts.md):
     ROOT/<arch>/manifest.json           written last; the loader trusts nothing a manifest does not list
     ROOT/<arch>/cubins/<sha256>.cubin      content-addressed; ptx/<sha256>.ptx is the PTX it came from
-    ROOT/<arch>/launcher/{gdn_aot_launch.h, gdn_aot_launch.c, libgdn_aot_launch.so.<ABI>, libgdn_aot_launch.so -> .so.<ABI>}
+    ROOT/<arch>/launcher/{gdn_aot_launch.h, gdn_aot_launch.c, libgdn_aot_launch.so.<ABI>,
+                         libgdn_aot_launch.so -> libgdn_aot_launch.so.<ABI>}
     ROOT/<arch>/kernels.tsv
 """
 from __future__ import annotations

@@ -10,10 +10,12 @@ context (once, under a lock). After that a launch is one dict-free ctypes call.
 from __future__ import annotations
 
 import ctypes
+import functools
+import os
 import threading
 from pathlib import Path
 
-from gdn_aot.loader.artifacts import LAUNCHER_ABI_VERSION, Manifest, arch_for_capability, find_root
+from gdn_aot.loader.artifacts import ENV_VAR, LAUNCHER_ABI_VERSION, Manifest, arch_for_capability, find_root
 from gdn_aot.loader.errors import CorruptArtifact, DriverError, DriverTooOld, VariantNotBuilt
 
 CUDA_ERROR_NO_BINARY_FOR_GPU = 209
@@ -190,6 +192,12 @@ class ArtifactSet:
     def keys(self) -> list[str]:
         return list(self.manifest.variants)
 
+    @functools.cached_property
+    def head_dims(self) -> frozenset[tuple[int, int]]:
+        """(K, V) pairs gdn_scan is built for."""
+        return frozenset((e["axes"]["K"], e["axes"]["V"]) for e in self.manifest.variants.values()
+                         if e["kernel"] == "gdn_scan")
+
     def kernel(self, key: str) -> Kernel:
         k = self._kernels.get(key)
         if k is None:
@@ -251,13 +259,24 @@ class Artifacts:
     """Entry point: `Artifacts.for_device(device, capability=None, root=None) -> ArtifactSet`."""
 
     _sets: dict[tuple, ArtifactSet] = {}
+    _requests: dict[tuple, ArtifactSet] = {}  # what each (root, env, cwd, device, capability) resolved to
     _lock = threading.Lock()
 
     @classmethod
     def for_device(cls, device=None, capability=None, root=None) -> ArtifactSet:
         """ArtifactSet of the device's arch. `capability` (major, minor) overrides the query (tests fake
-        devices with it); without it torch.cuda reports the device's capability."""
+        devices with it); without it torch.cuda reports the device's capability. A repeated request is a
+        dict lookup (no capability query, no file system search): this is on every forward's path."""
         index = _device_index(device)
+        request = (None if root is None else str(root), os.environ.get(ENV_VAR), os.getcwd(), index,
+                   None if capability is None else tuple(capability))
+        s = cls._requests.get(request)
+        if s is None:
+            s = cls._requests[request] = cls._resolve(index, capability, root)
+        return s
+
+    @classmethod
+    def _resolve(cls, index: int, capability, root) -> ArtifactSet:
         if capability is None:
             import torch
 
@@ -278,6 +297,7 @@ class Artifacts:
         """Forget cached sets (after rebuilding artifacts in-process)."""
         with cls._lock:
             cls._sets.clear()
+            cls._requests.clear()
 
 
 def _device_index(device) -> int:
