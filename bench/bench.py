@@ -20,8 +20,9 @@ Each call is timed with CUDA events around it, calls back to back; inputs rotate
                minus the returned o and final state (i.e. the workspace)
   err o / ht   max|gdn - fla| / max|fla| of the output and of the final state (reported, never checked)
   1st s        the library's first call on this case in this process (fla: JIT + autotune on a new key)
-Then: host time per call at T=64 (N=200 calls without synchronising, one sync at the end: host us = loop time / N,
-dev-incl us = time until the sync returns / N), and a fresh process's time to its first result (child: from
+Then: host time per call at T=64 (host_time(): loops of N=200 calls without synchronising, one sync after each:
+host us = median loop time / N, dev-incl us = median time until the sync returns / N; it also times calls one by
+one; bench/host_time.py runs only this), and a fresh process's time to its first result (child: from
 before `import torch` to after the first call's synchronize; parent: wall time of the subprocess; fla's child
 gets an empty TRITON_CACHE_DIR, so it compiles and autotunes from scratch).
 """
@@ -29,6 +30,7 @@ import argparse
 import glob
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -177,20 +179,36 @@ def bench_case(name, lens, HV, libs, reps):
     return row
 
 
-def host_time(fn, cu_dtype, n=200):
+def host_time(fn, cu_dtype, calls=200, rounds=5, warmup=20):
+    """Host time per call at T=64 (1 x 64 tokens, HV=32, varlen, l2norm, initial + final state; launch-bound).
+    Call by call: each call timed alone after a synchronize (an empty launch queue). Back to back: `rounds` loops of
+    `calls` calls without synchronising, loop time / calls each (host_us: their median; device_incl_us: the median
+    of each loop until its closing synchronize returns, / calls). Medians and minima in us."""
     cu32 = torch.tensor([0, 64], device="cuda", dtype=torch.int32)
     x = make_inputs([64], 32, 0, {"int32": cu32, "int64": cu32.long()})
     run = caller(fn, cu_dtype)
-    for _ in range(10):
+    for _ in range(warmup):
         run(x)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
+    single = []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
         run(x)
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    t2 = time.perf_counter()
-    return dict(host_us=(t1 - t0) / n * 1e6, device_incl_us=(t2 - t0) / n * 1e6)
+        single.append(time.perf_counter() - t0)
+    loops, incl = [], []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            run(x)
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        loops.append((t1 - t0) / calls)
+        incl.append((time.perf_counter() - t0) / calls)
+    us = lambda t: t * 1e6  # noqa: E731
+    return dict(host_us=us(statistics.median(loops)), device_incl_us=us(statistics.median(incl)),
+                b2b_min_us=us(min(loops)), call_median_us=us(statistics.median(single)), call_min_us=us(min(single)),
+                calls=calls, rounds=rounds)
 
 
 def fresh_process(mod, cu_dtype, cold_triton):
@@ -257,7 +275,9 @@ def main():
     for lib, (fn, cu_dtype, mod) in libs.items():
         try:
             results["host"][lib] = h = host_time(fn, cu_dtype)
-            log(f"  T=64 {lib}: host {h['host_us']:.1f} us/call, device-inclusive {h['device_incl_us']:.1f} us/call")
+            log(f"  T=64 {lib}: host {h['host_us']:.1f} us/call back to back (min {h['b2b_min_us']:.1f}), "
+                f"{h['call_median_us']:.1f} call by call (min {h['call_min_us']:.1f}), device-inclusive "
+                f"{h['device_incl_us']:.1f} us/call")
         except Exception as e:
             log(f"  T=64 {lib}: FAILED {type(e).__name__}: {e}")
     save()

@@ -2,18 +2,18 @@
 
     python3 bench/profile_stages.py [--cases 1x8192,32x8192,1x65536] [--reps 20]
 
-For every case it launches gdn_prepare (with the fused q/k L2 norms) and each built gdn_scan variant (every
-BV / num_warps) on the same inputs, so the table shows where the time goes and which scan variant is fastest per
-shape class (the input for the spec's dispatch table). H=16, HV=32, K=V=128, bf16, varlen API.
+For every case it launches gdn_prepare (with the fused q/k L2 norms; grid (T // 64 + N, H, 1)) and each built
+gdn_scan variant (every BV / num_warps) on the same inputs, so the table shows where the time goes and which scan
+variant is fastest per shape class (the input for the spec's dispatch table). H=16, HV=32, K=V=128, bf16, varlen.
 """
 from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
 
+from gdn_aot.kernels import PREPARE_L2NORM, SCAN_HAS_H0, SCAN_STORE_HT
 from gdn_aot.loader.runtime import Artifacts
 
 H, HV, K, V, BT = 16, 32, 128, 128, 64
@@ -48,16 +48,20 @@ def profile(case: str, reps: int):
     cu = torch.arange(0, T + 1, t, device=dev, dtype=torch.int32)
     w = torch.empty(T, HV, K, device=dev, dtype=torch.bfloat16)
     u = torch.empty(T, HV, V, device=dev, dtype=torch.bfloat16)
-    gam, rq, rk = (torch.empty(T, HV, device=dev) for _ in range(3))
+    gam, qg, kg = (torch.empty(T, HV, device=dev) for _ in range(3))
     o = torch.empty_like(v)
     h0 = torch.randn(n, HV, K, V, device=dev)
     ht = torch.empty_like(h0)
     rows = []
     prep = arts.pick("gdn_prepare", dtype="bf16", K=K, V=V, varlen=True)
-    rows.append(("prepare", timed(lambda: prep.launch((T // BT + n, HV, 1), stream, q.data_ptr(), k.data_ptr(),
-                                                           v.data_ptr(), g.data_ptr(), beta.data_ptr(),
-                                                           cu.data_ptr(), w.data_ptr(), u.data_ptr(), gam.data_ptr(),
-                                                           rq.data_ptr(), rk.data_ptr(), T, n, H, HV, 1), reps)))
+    pgrid = (T // BT + n, H, 1)
+    pscratch = torch.empty(prep.scratch_bytes(pgrid), device=dev, dtype=torch.uint8)
+    rows.append(("prepare", timed(lambda: prep.launch(pgrid, stream, q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                                                      g.data_ptr(), beta.data_ptr(), cu.data_ptr(), w.data_ptr(),
+                                                      u.data_ptr(), gam.data_ptr(), qg.data_ptr(), kg.data_ptr(),
+                                                      T, n, H, HV, PREPARE_L2NORM,
+                                                      scratch_ptr=pscratch.data_ptr() if pscratch.numel() else 0),
+                                  reps)))
     for key, e in arts.manifest.variants.items():
         a = e["axes"]
         if e["kernel"] != "gdn_scan" or a["dtype"] != "bf16" or not a["varlen"] or a["transpose"]:
@@ -67,8 +71,8 @@ def profile(case: str, reps: int):
         scratch = torch.empty(scan.scratch_bytes(grid), device=dev, dtype=torch.uint8)
         rows.append((f"scan BV={a['BV']} w{e['num_warps']}", timed(
             lambda: scan.launch(grid, stream, q.data_ptr(), k.data_ptr(), w.data_ptr(), u.data_ptr(),
-                                gam.data_ptr(), rq.data_ptr(), rk.data_ptr(), cu.data_ptr(), h0.data_ptr(),
-                                ht.data_ptr(), 0, o.data_ptr(), K ** -0.5, T, H, HV, 3 | 8,
+                                gam.data_ptr(), qg.data_ptr(), kg.data_ptr(), cu.data_ptr(), h0.data_ptr(),
+                                ht.data_ptr(), 0, o.data_ptr(), K ** -0.5, T, H, HV, SCAN_HAS_H0 | SCAN_STORE_HT,
                                 scratch_ptr=scratch.data_ptr()), reps)))
     flop = FLOP_PER_TOKEN_HEAD * T * HV
     for name, (med, mn) in rows:
@@ -77,33 +81,23 @@ def profile(case: str, reps: int):
 
 
 def host_profile(calls: int = 200):
-    """Where the host time of a launch-bound call (1 x 64 tokens) goes: cProfile over `calls` forwards."""
+    """Where the host time of a launch-bound call (1 x 64 tokens) goes: bench.py's host_time() (what
+    bench/host_time.py prints), then cProfile over `calls` forwards of the same call."""
     import cProfile
     import pstats
 
     import gdn_aot
+    from bench import caller, host_time, make_inputs
 
-    T, dev = 64, torch.device("cuda")
-    q = torch.randn(1, T, H, K, device=dev, dtype=torch.bfloat16)
-    v = torch.randn(1, T, HV, V, device=dev, dtype=torch.bfloat16)
-    g, beta = -torch.rand(1, T, HV, device=dev), torch.rand(1, T, HV, device=dev)
-    cu, h0 = torch.tensor([0, T], device=dev, dtype=torch.int32), torch.randn(1, HV, K, V, device=dev)
-    call = lambda: gdn_aot.chunk_gated_delta_rule(q, q, v, g, beta, initial_state=h0, output_final_state=True,
-                                                  cu_seqlens=cu, use_qk_l2norm_in_kernel=True)
-    call()
-    torch.cuda.synchronize()
-    per_call = []
-    for _ in range(calls):
-        t = time.perf_counter()
-        call()
-        per_call.append(time.perf_counter() - t)
-    torch.cuda.synchronize()
-    print(f"host time per call at T=64: median {statistics.median(per_call) * 1e6:.1f} us, "
-          f"min {min(per_call) * 1e6:.1f} us", flush=True)
+    h = host_time(gdn_aot.chunk_gated_delta_rule, "int32", calls=calls)
+    print(f"host time per call at T=64: call by call median {h['call_median_us']:.1f} us (min {h['call_min_us']:.1f}), "
+          f"back to back median {h['host_us']:.1f} us (min {h['b2b_min_us']:.1f})", flush=True)
+    cu = torch.tensor([0, 64], device="cuda", dtype=torch.int32)
+    x, run = make_inputs([64], HV, 0, {"int32": cu}), caller(gdn_aot.chunk_gated_delta_rule, "int32")
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(calls):
-        call()
+        run(x)
     prof.disable()
     torch.cuda.synchronize()
     pstats.Stats(prof).sort_stats("tottime").print_stats(12)

@@ -1,8 +1,10 @@
 """Generate the C launcher (jinja2 templates in build/templates) and compile it into a versioned shared library.
 
-One launch function per kernel family (the family's runtime params from the registry, then global_scratch);
-the header is the documented C ABI. cuda.h comes from triton's bundled include dir; libcuda is dlopen'ed at
-run time, so neither building nor loading the .so needs a driver.
+One launch function per kernel family (the family's runtime params from the registry, then global_scratch),
+and, when both families are built, gdn_aot_forward: the whole forward (both launches, grids and workspace layout
+computed in C) from one argument struct, the one call per forward the Python API makes. The header is the
+documented C ABI. cuda.h comes from triton's bundled include dir; libcuda is dlopen'ed at run time, so neither
+building nor loading the .so needs a driver.
 
 The library is versioned like any system library: the file is libgdn_aot_launch.so.<ABI> with that soname
 (DT_SONAME), and libgdn_aot_launch.so is a symlink to it for `-lgdn_aot_launch` at link time. A program linked
@@ -18,11 +20,13 @@ from pathlib import Path
 
 import jinja2
 
+import gdn_aot.kernels as kernels
 from gdn_aot.build import toolchain
 from gdn_aot.build.abi import family_params
 from gdn_aot.build.manifest import atomic_write
 from gdn_aot.kernels import KERNELS
 from gdn_aot.loader.artifacts import LAUNCHER_ABI_VERSION
+from gdn_aot.loader.runtime import FORWARD_ARG_FIELDS, WORKSPACE_ALIGN
 
 HEADER, SOURCE, LINK_NAME = "gdn_aot_launch.h", "gdn_aot_launch.c", "libgdn_aot_launch.so"
 SONAME = f"{LINK_NAME}.{LAUNCHER_ABI_VERSION}"
@@ -36,6 +40,16 @@ DRIVER_FUNCTIONS = (
 )
 CFLAGS = ("-O2", "-shared", "-fPIC", "-Wall", "-Werror")
 LIBS = ("-ldl", "-lpthread")
+# gdn_aot_forward passes each kernel param as a C expression over `a` (the caller's gdn_aot_forward_args_t), `p`
+# (its gdn_aot_forward_plan_t) and `ws` (the workspace); a param missing here fails the build (see forward()).
+_FORWARD_COMMON = {
+    "q": "a.q", "k": "a.k", "v": "a.v", "g": "a.g", "beta": "a.beta", "cu_seqlens": "a.cu_seqlens",
+    "w": "ws + p.w", "u": "ws + p.u", "gam": "ws + p.gam", "qg": "ws + p.qg", "kg": "ws + p.kg",
+    "h0": "a.h0", "ht": "a.ht", "state_indices": "a.state_indices", "o": "a.o", "scale": "(float)a.scale",
+    "T": "p.T_arg", "num_seqs": "(int32_t)a.num_seqs", "H": "(int32_t)a.H", "HV": "(int32_t)a.HV",
+}
+FORWARD_CALLS = {"gdn_prepare": {**_FORWARD_COMMON, "flags": "(int32_t)a.prepare_flags"},
+                 "gdn_scan": {**_FORWARD_COMMON, "flags": "(int32_t)a.scan_flags"}}
 
 
 class LauncherError(RuntimeError):
@@ -55,9 +69,32 @@ def families(kernel_names) -> list[dict]:
     return out
 
 
+def forward(kernel_names) -> dict | None:
+    """What the template needs for gdn_aot_forward, or None when the spec does not build both kernels."""
+    if not all(name in kernel_names for name in FORWARD_CALLS):
+        return None
+    calls = {}
+    for name, exprs in FORWARD_CALLS.items():
+        missing = [n for n, _ in KERNELS[name].params if n not in exprs]
+        if missing:
+            raise LauncherError(f"gdn_aot_forward has no value for {name}'s params {missing}: give them one in "
+                                "FORWARD_CALLS (build/launcher.py)")
+        values = [exprs[n] for n, _ in KERNELS[name].params]
+        calls[name] = [", ".join(values[i:i + 6]) for i in range(0, len(values), 6)]  # 6 a line
+    fields = [{"decl": f"{ctype}{'' if ctype.endswith('*') else ' '}{n}", "doc": doc}
+              for n, _, ctype, doc in FORWARD_ARG_FIELDS]
+    return {"calls": calls, "fields": fields, "align": WORKSPACE_ALIGN,
+            "prepare_grid": KERNELS["gdn_prepare"].grid, "scan_grid": KERNELS["gdn_scan"].grid}
+
+
+def flags() -> list[tuple[str, int]]:
+    """The kernels' flag bits (gdn_aot.kernels PREPARE_* / SCAN_*), as #defines in the header."""
+    return [(n, getattr(kernels, n)) for n in kernels.__all__ if n.startswith(("PREPARE_", "SCAN_"))]
+
+
 def render(arch: str, kernel_names) -> dict[str, str]:
     ctx = {"arch": arch, "abi_version": LAUNCHER_ABI_VERSION, "families": families(kernel_names),
-           "driver_functions": DRIVER_FUNCTIONS}
+           "driver_functions": DRIVER_FUNCTIONS, "forward": forward(kernel_names), "flags": flags()}
     env = _env()
     return {HEADER: env.get_template(f"{HEADER}.j2").render(ctx),
             SOURCE: env.get_template(f"{SOURCE}.j2").render(ctx)}
@@ -109,6 +146,9 @@ def build(arch: str, kernel_names, launcher_dir: Path, previous: dict | None = N
         "families": {f["name"]: {"function": f"gdn_aot_launch_{f['name']}",
                                  "params": [p["name"] for p in f["params"]] + ["global_scratch"]}
                      for f in families(kernel_names)},
+        "forward": {"function": "gdn_aot_forward", "plan": "gdn_aot_forward_plan",
+                    "workspace_bytes": "gdn_aot_forward_workspace_bytes",
+                    "args": [f[0] for f in FORWARD_ARG_FIELDS]} if forward(kernel_names) else None,
         "_compiled": compiled,
     }
 

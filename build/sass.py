@@ -1,8 +1,10 @@
 """SASS facts about a cubin, from the nvdisasm/cuobjdump bundled with triton.
 
 `summary()` counts the instruction families that prove which hardware path a kernel takes:
-sm_90a HGMMA (wgmma), UTMALDG/UTMASTG (TMA), SYNCS (mbarrier), WARPGROUP; sm_100a UTCHMMA/UTCQMMA (tcgen05 mma),
-LDTM/STTM (TMEM load/store), UTCBAR (tcgen05 commit); the slow path HMMA/FFMA; LDL/STL (local memory = spills).
+sm_90a HGMMA (wgmma), UTMALDG/UTMASTG (TMA), LDGSTS (cp.async), SYNCS (mbarrier), WARPGROUP; sm_100a UTCHMMA/UTCQMMA (tcgen05 mma),
+LDTM/STTM (TMEM load/store), UTCBAR (tcgen05 commit); the slow path HMMA/FFMA; LDL/STL (local memory = spills),
+and LDL_in_loop/STL_in_loop: those inside a loop body (between a backward branch and its target), where a spill
+costs on every iteration.
 `resource_usage()` reads REG/STACK/SHARED/LOCAL from `cuobjdump -res-usage`.
 """
 from __future__ import annotations
@@ -14,8 +16,8 @@ from pathlib import Path
 
 from gdn_aot.build.toolchain import nvidia_bin
 
-FAMILIES = ("HGMMA", "UTMALDG", "UTMASTG", "SYNCS", "WARPGROUP", "UTCHMMA", "UTCQMMA", "LDTM", "STTM", "UTCBAR",
-            "HMMA", "FFMA", "LDL", "STL")
+FAMILIES = ("HGMMA", "UTMALDG", "UTMASTG", "LDGSTS", "SYNCS", "WARPGROUP", "UTCHMMA", "UTCQMMA", "LDTM", "STTM",
+            "UTCBAR", "HMMA", "FFMA", "LDL", "STL")
 _INSN = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)(\.[\w.]*)?")
 
 
@@ -30,10 +32,31 @@ def opcode_counts(sass_text: str) -> Counter:
     return Counter(m.group(1) for m in _INSN.finditer(sass_text))
 
 
+def loop_ranges(sass_text: str) -> list[tuple[int, int]]:
+    """[target, branch] address ranges of the predicated backward branches (loop back edges). Unconditional
+    backward branches are left out: ptxas places the retry paths of mbarrier waits after the kernel's end and
+    jumps back from there into the loop, which is not a loop; a branch to itself (the final trap) neither."""
+    labels = {m.group(1): int(m.group(2), 16) for m in re.finditer(r"\.L_x_(\d+):\s*\n\s*/\*([0-9a-f]+)\*/", sass_text)}
+    out = []
+    for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+@!?U?P\w+\s+BRA(?:\.\w+)*\s+(?:`\(\.L_x_(\d+)\)|0x([0-9a-f]+))",
+                         sass_text):
+        at = int(m.group(1), 16)
+        target = labels.get(m.group(2)) if m.group(2) else int(m.group(3), 16)
+        if target is not None and target < at:
+            out.append((target, at))
+    return out
+
+
 def summary(cubin: Path, sass_text: str | None = None) -> dict:
-    counts = opcode_counts(disassemble(cubin) if sass_text is None else sass_text)
+    text = disassemble(cubin) if sass_text is None else sass_text
+    counts = opcode_counts(text)
     out = {fam: counts.get(fam, 0) for fam in FAMILIES}
     out["total"] = sum(counts.values())
+    loops = loop_ranges(text)
+    for fam in ("LDL", "STL"):
+        out[f"{fam}_in_loop"] = sum(
+            1 for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?" + fam + r"\b", text)
+            if any(a <= int(m.group(1), 16) <= b for a, b in loops))
     return out
 
 

@@ -28,7 +28,8 @@ An axis value may be a list or a single scalar. Each kernel's variants are the c
 (x arch x num_warps x num_stages) minus the exclusions. An axis the kernel's code does not depend on
 (``KernelDef.uses_axes``) may be omitted and must not list more than one value, so that no two variants
 compile to the same cubin. `dispatch` keys: ``default_BV`` (used when the caller names no BV),
-``small_batch_BV`` (preferred when num_seqs * HV < small_batch_factor * SMs), ``small_batch_factor`` (default 2);
+``small_batch_BV`` (preferred when num_seqs * HV < small_batch_factor * SMs), ``small_batch_factor`` (a positive
+number, default 2);
 the BVs named must be among the kernel's BV values.
 
 Every problem raises :class:`SpecError`, whose message names the file, the key path and the bad value.
@@ -314,6 +315,10 @@ class _Parser:
                     raise self.err(kkp, f"expected a mapping with keys {list(DISPATCH_KEYS)}", prefs)
                 self.keys(prefs, DISPATCH_KEYS, kkp)
                 for key, x in prefs.items():
+                    if key == "small_batch_factor":
+                        if isinstance(x, bool) or not isinstance(x, (int, float)) or not x > 0:
+                            raise self.err(f"{kkp}.{key}", "expected a positive number", x)
+                        continue
                     self._typed(x, int, f"{kkp}.{key}")
                     if key.endswith("_BV") and x not in axis_values[kname]["BV"]:
                         raise self.err(f"{kkp}.{key}", f"BV not among {kname}'s BV values "

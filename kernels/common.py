@@ -9,7 +9,7 @@ from triton.runtime.jit import constexpr_function
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma  # blackwell re-exports these
 
-from . import PREPARE_L2NORM as _PREPARE_L2NORM, SCAN_HAS_H0 as _SCAN_HAS_H0, SCAN_L2NORM as _SCAN_L2NORM
+from . import PREPARE_L2NORM as _PREPARE_L2NORM, SCAN_HAS_H0 as _SCAN_HAS_H0
 from . import SCAN_STORE_HT as _SCAN_STORE_HT, SCAN_USE_INDICES as _SCAN_USE_INDICES
 
 # the flag bits defined in kernels/__init__.py (the launcher ABI), as constexprs the kernels can read
@@ -17,7 +17,6 @@ PREPARE_L2NORM = gl.constexpr(_PREPARE_L2NORM)
 SCAN_HAS_H0 = gl.constexpr(_SCAN_HAS_H0)
 SCAN_STORE_HT = gl.constexpr(_SCAN_STORE_HT)
 SCAN_USE_INDICES = gl.constexpr(_SCAN_USE_INDICES)
-SCAN_L2NORM = gl.constexpr(_SCAN_L2NORM)
 
 
 @constexpr_function
@@ -147,34 +146,47 @@ def state_tile_offsets(slot, i_hv, i_v, HV, K: gl.constexpr, V: gl.constexpr, BV
 
 
 @gluon.jit
-def chunk_rows(gam_head, rq_head, rk_head, c, seq_len, rows, HV, l2norm, BT: gl.constexpr):
-    """gam of chunk c's rows (fp32 cumsum from gdn_prepare), gam of its last row, and the inverse q/k row
-    norms (1.0 without use_qk_l2norm_in_kernel); rows past the sequence read as gam 0, norm 1 (so c may be
-    n_chunks: both scan kernels call it one chunk ahead, since loading a chunk's rows at the top of its own
-    iteration put a global-load latency on the critical path, +28 % scan time on the H200)."""
+def chunk_rows(gam_head, qg_head, kg_head, c, seq_len, HV, BT: gl.constexpr, rows_layout: gl.constexpr,
+               cols_layout: gl.constexpr):
+    """Row data of chunk c from gdn_prepare, loaded straight into the layouts that use it: qg and kg
+    (gam plus the log q/k row scalings) over the output rows, kg over the score columns, and gam of the
+    chunk's last row. Rows past the sequence read as 0 (c may be n_chunks: both scan kernels load one chunk
+    ahead, so the loads' latency is off the critical path). Loading in the MMA slice layouts (a few redundant
+    L1 hits) instead of one element a thread saves a convert_layout (a CTA barrier) per vector per chunk."""
     n_rows = seq_len - c * BT
-    offs = (c * BT + rows).to(gl.int64) * HV
-    valid = rows < n_rows
-    gam_v = gl.load(gam_head + offs, mask=valid, other=0.0)
+    r = gl.arange(0, BT, rows_layout)
+    j = gl.arange(0, BT, cols_layout)
+    offs_r = (c * BT + r).to(gl.int64) * HV
+    qg_rows = gl.load(qg_head + offs_r, mask=r < n_rows, other=0.0)
+    kg_rows = gl.load(kg_head + offs_r, mask=r < n_rows, other=0.0)
+    kg_cols = gl.load(kg_head + (c * BT + j).to(gl.int64) * HV, mask=j < n_rows, other=0.0)
     last = gl.maximum(c * BT + gl.minimum(n_rows, BT) - 1, 0)
     gam_last = gl.load(gam_head + last.to(gl.int64) * HV, mask=n_rows > 0, other=0.0)
-    rq_v = gl.load(rq_head + offs, mask=valid & l2norm, other=1.0)
-    rk_v = gl.load(rk_head + offs, mask=valid & l2norm, other=1.0)
-    return gam_v, gam_last, rq_v, rk_v
+    return qg_rows, kg_rows, kg_cols, gam_last
 
 
 @gluon.jit
-def chunk_row_scalings(gam_v, gam_last, rq_v, rk_v, scale, rows_tv: gl.constexpr, rows_tt: gl.constexpr,
-                       cols_tt: gl.constexpr):
-    """The chunk's per-row factors in the layouts of the MMA results that use them (gdn_scan, both arches):
-    o_scale = scale e^gam rq (rows of q h), v_dec_scale = e^(gam_last - gam) rk (rows of v_dec), the decay
-    exponents with scale and norms folded in, e^(gam_i - gam_j) scale rq_i rk_j
-    = e^((gam_i + ln(scale rq_i)) - (gam_j - ln rk_j)), and e^gam_last for the state."""
-    o_scale = gl.convert_layout(scale * gl.exp(gam_v) * rq_v, rows_tv)
-    v_dec_scale = gl.convert_layout(gl.exp(gam_last - gam_v) * rk_v, rows_tv)
-    decay_rows = gl.convert_layout(gam_v + gl.log(rq_v * scale), rows_tt)
-    decay_cols = gl.convert_layout(gam_v - gl.log(rk_v), cols_tt)
-    return o_scale, v_dec_scale, decay_rows, decay_cols, gl.exp(gam_last)
+def chunk_row_scalings(qg_rows, kg_rows, gam_last, scale, rows_tt: gl.constexpr):
+    """The chunk's per-row factors (gdn_scan, both arches), with qg = gam + ln rq and kg = gam - ln rk:
+    o_scale = scale e^gam rq = scale e^qg (rows of q h), v_dec_scale = e^(gam_last - gam) rk = e^(gam_last - kg)
+    (rows of v_dec), the row exponents of the score decay e^(gam_i - gam_j) scale rq_i rk_j
+    = e^((qg_i + ln scale) - kg_j) (the columns are kg itself), and e^gam_last for the state."""
+    o_scale = scale * gl.exp(qg_rows)
+    v_dec_scale = gl.exp(gam_last - kg_rows)
+    decay_rows = gl.convert_layout(qg_rows + gl.log(scale), rows_tt)
+    return o_scale, v_dec_scale, decay_rows, gl.exp(gam_last)
+
+
+@gluon.jit
+def loop_variant(x, j):
+    """x, as a value the compiler cannot prove invariant in a loop over j.
+
+    gdn_prepare passes the chunk's row bounds through this once per value head: otherwise every address and mask
+    derived from them is hoisted out of the loop over value heads and pinned in registers (255 registers a
+    thread and spills). A non-inlined function would do the same, but on the H200 the sm_90a kernel with its
+    per-head body as a called function produced NaN w and u (wgmma in a called function), so neither family
+    uses one."""
+    return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r,r", [x, j], dtype=gl.int32, is_pure=True, pack=1)
 
 
 # --- added for the sm_100a family (the functions above are shared with sm_90a and unchanged) ---------------
@@ -246,12 +258,25 @@ def store_state_tile(ht, h, slot, i_hv, i_v, HV, mask, K: gl.constexpr, V: gl.co
 
 
 @gluon.jit
-def load_rows(ptr, row0, n_rows, row_stride, BT: gl.constexpr, COLS: gl.constexpr, layout: gl.constexpr):
-    """Masked register load of a [BT, COLS] row tile of a token-major tensor; rows past n_rows read as 0."""
+def chunk_tile_ptrs(ptr, row0, row_stride, BT: gl.constexpr, COLS: gl.constexpr, layout: gl.constexpr):
+    """Pointers to the [BT, COLS] row tile starting at row row0 of a token-major tensor: the row base in 64-bit
+    scalar arithmetic, the in-tile offsets in 32-bit (so a loop over heads keeps few address registers live)."""
     rows = gl.arange(0, BT, gl.SliceLayout(1, layout))
     cols = gl.arange(0, COLS, gl.SliceLayout(0, layout))
-    offs = (row0 + rows).to(gl.int64)[:, None] * row_stride + cols[None, :]
-    return gl.load(ptr + offs, mask=(rows < n_rows)[:, None], other=0.0)
+    return ptr + row0.to(gl.int64) * row_stride + (rows[:, None] * row_stride + cols[None, :])
+
+
+@gluon.jit
+def row_mask(n_rows, BT: gl.constexpr, layout: gl.constexpr):
+    """[BT, 1] mask of the tile rows below n_rows."""
+    return (gl.arange(0, BT, gl.SliceLayout(1, layout)) < n_rows)[:, None]
+
+
+@gluon.jit
+def load_rows(ptr, row0, n_rows, row_stride, BT: gl.constexpr, COLS: gl.constexpr, layout: gl.constexpr):
+    """Masked register load of a [BT, COLS] row tile of a token-major tensor; rows past n_rows read as 0."""
+    return gl.load(chunk_tile_ptrs(ptr, row0, row_stride, BT, COLS, layout), mask=row_mask(n_rows, BT, layout),
+                   other=0.0)
 
 
 @gluon.jit

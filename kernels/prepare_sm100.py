@@ -1,26 +1,39 @@
 """gdn_prepare for Blackwell (sm_100a): everything about a chunk that does not depend on the state.
 
-Same algorithm, grid and outputs as prepare_sm90.py (steps 1-3 of docs/gdn-math.md); one program per
-(chunk, value head), 4 warps:
+Same algorithm, grid and outputs as prepare_sm90.py (steps 1-3 of docs/gdn-math.md). One program per
+(chunk, key head), 4 warps: the key head's k is read (and, with flags & PREPARE_L2NORM, normalised, with the
+log inverse norms of its q and k rows kept in shared memory) once, then the HV / H value heads that share it
+are served in turn:
     gam = cumsum(g)                                      (fp32, registers; common.chunk_cumsum)
-    A   = beta_i (k_i . k_j) exp(gam_i - gam_j), i > j   (tcgen05 kind::f16, bf16/fp16 -> fp32 in TMEM)
+    A   = beta_i (k_i . k_j) exp(gam_i - gam_j), i > j   (tcgen05 kind::f16, bf16/fp16 -> fp32 in TMEM; k k^T is
+                                                          recomputed per value head: one MMA, where keeping it
+                                                          would cost TMEM columns or 16 KB of shared memory)
     Tc  = (I + A)^-1 = (I + N)(I + N^2)...(I + N^32),  N = -A
                                                          (ten 64x64x64 tcgen05 kind::tf32 products, as the
                                                           sm_90a wgmma tf32 squaring: on the H200 the whole
                                                           prepare was 1.9x faster with it than with an fp32
                                                           substitution on the CUDA cores)
     w   = (Tc diag(beta e^gam)) k,   u = (Tc diag(beta)) v   (tcgen05 kind::f16, both operands in shared memory)
-With flags & PREPARE_L2NORM the k rows are normalised before anything else (the TMA'd k tile goes through
-registers once and back into shared memory), and the inverse norms of the q and k rows go to rq, rk for
-gdn_scan, which folds them into its row scalings (q by masked register loads: only its norms are needed).
+    qg  = gam + ln rq,  kg = gam - ln rk                 (the log row scalings gdn_scan applies to q and k rows;
+                                                          rq, rk = inverse L2 norms, or 1 without PREPARE_L2NORM)
+With PREPARE_L2NORM the TMA'd k tile goes through registers once and back into shared memory normalised; q is
+read by masked register loads (only its norms are needed).
 What Blackwell changes:
   * every product is a single-thread-issued tcgen05_mma (M = 64) from NVMMA-swizzled shared memory into a
     tensor-memory accumulator, completed by tcgen05_commit on an mbarrier that all warps wait on; results come
     back to registers with tcgen05.ld (get_tmem_reg_layout);
-  * k and v arrive by TMA (UTMALDG) through per-chunk device-side descriptors whose row bound is the chunk's
-    valid row count, so rows of the neighbouring sequence read as zero; w and u leave by TMA store (UTMASTG)
-    through the same descriptors, which clips the rows past the chunk (no masked stores).
+  * k (once) and v (per value head, issued first so that it lands while the inverse runs) arrive by TMA
+    (UTMALDG); w and u leave by TMA store (UTMASTG). The descriptors are built on the device once per program
+    over the chunk's rows of the key head's group of value heads ([n_rows, G * V], value head j at column
+    j * V), with the chunk's valid row count as row bound: rows of the neighbouring sequence read as zero and
+    are clipped from the stores;
   * the strict causal decay mask is built from 16-wide bitmasks (common.causal_decay_bitmask).
+The chunk's row bounds enter the loop over value heads through common.loop_variant, as on sm_90a (otherwise
+the addresses and masks derived from them are hoisted out of the loop and pinned in registers); Tw's and Tu's
+column scalings wait in shared memory while the inverse runs, not in registers.
+Shared memory (66 KB): k, v, and two fp32 [BT, BT] tf32 operand tiles, which then hold the 16-bit Tw and Tu
+operands and after that stage w and u for their TMA stores; four [BT] fp32 row vectors (log q/k norms of the
+key head, the value head's column scalings).
 TMEM: one [BT, K] fp32 accumulator for w and one [BT, V] for u; kkt and every tf32 product of the inverse run
 in the first BT columns of the u accumulator (they are finished before u is computed). Two M = 64 [BT, 128]
 accumulators: Triton packs them into 128 TMEM columns (tmem_size 128).
@@ -32,14 +45,14 @@ from triton.experimental.gluon.language.nvidia.blackwell import (TensorMemoryLay
                                                                   mbarrier, tcgen05_commit, tcgen05_mma, tma)
 
 from .common import (PREPARE_L2NORM, causal_decay_bitmask, chunk_cumsum, inverse_row_norms, load_rows,
-                     row_load_layout, sequence_of_chunk_slot, squaring_rounds)
+                     loop_variant, row_load_layout, sequence_of_chunk_slot, squaring_rounds)
 
 
 @gluon.jit
-def _chunk_desc(base, row_stride, n_rows, BT: gl.constexpr, COLS: gl.constexpr):
-    """TMA descriptor over the chunk's [n_rows, COLS] rows of one head of a token-major tensor."""
+def _chunk_desc(base, row_stride, n_rows, n_cols, BT: gl.constexpr, COLS: gl.constexpr):
+    """TMA descriptor over the chunk's [n_rows, n_cols] block of a token-major tensor, in [BT, COLS] tiles."""
     layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, COLS], base.dtype.element_ty)
-    return tma.make_tensor_descriptor(base, [n_rows, COLS], [row_stride, 1], [BT, COLS], layout)
+    return tma.make_tensor_descriptor(base, [n_rows, n_cols], [row_stride, 1], [BT, COLS], layout)
 
 
 @gluon.jit
@@ -91,115 +104,148 @@ def _unit_lower_inverse(A, a_smem, bt_smem, acc_tmem, reg_layout: gl.constexpr, 
 
 
 @gluon.jit
-def prepare_kernel(q, k, v, g, beta, cu_seqlens, w, u, gam, rq, rk, T, num_seqs, H, HV, flags,
+def _serve_value_head(i_hv, j, v_phase, k_smem, v_smem, a_smem, bt_smem, row_vecs, v_bar, mma_bar, w_tmem, u_tmem,
+                      v_desc, w_desc, u_desc, g, beta, gam, qg, kg, start, n_rows, HV,
+                      K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr):
+    """Steps 1-3 of docs/gdn-math.md for value head i_hv (j-th of its key head's group) of the chunk, from the
+    key head's k in k_smem (row_vecs: the key head's log q/k row norms in rows 0, 1; rows 2, 3 are this
+    call's scratch). Every call commits mma_bar an even number of times (k k^T, the 10 products of the
+    inverse, w and u), so each starts at phase 0. w and u are still being stored by TMA from a_smem / bt_smem
+    when it returns: the next call (before the inverse) and the kernel (before exiting) wait for them."""
+    dtype: gl.constexpr = k_smem.dtype
+    num_warps: gl.constexpr = gl.num_warps()
+    tm_tt: gl.constexpr = TensorMemoryLayout(block=(BT, BT), col_stride=1)
+    reg_tt: gl.constexpr = get_tmem_reg_layout(gl.float32, [BT, BT], tm_tt, num_warps)
+    reg_tk: gl.constexpr = get_tmem_reg_layout(gl.float32, [BT, K], w_tmem.type.layout, num_warps)
+    reg_tv: gl.constexpr = get_tmem_reg_layout(gl.float32, [BT, V], u_tmem.type.layout, num_warps)
+    tt_tmem = u_tmem.slice(0, BT)
+
+    # --- v of this value head by TMA (its last reader, the previous head's u MMA, has completed), and k k^T
+    # on the tensor cores while the gates are computed. k k^T overwrites u's first columns: every warp's
+    # tcgen05.ld of the previous u, and the normalised k stores (fenced), are behind a CTA barrier the caller
+    # or the previous call passed last.
+    mbarrier.expect(v_bar, v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(v_desc, [0, j * V], v_bar, v_smem)
+    tcgen05_mma(k_smem, k_smem.permute((1, 0)), tt_tmem, use_acc=False)
+    tcgen05_commit(mma_bar)
+
+    # --- gates: g and beta per row, cumsum in fp32 (layouts of the TMEM register tiles); gam and the log row
+    # scalings for gdn_scan.
+    rows_l: gl.constexpr = gl.SliceLayout(1, reg_tt)
+    cols_l: gl.constexpr = gl.SliceLayout(0, reg_tt)
+    r = gl.arange(0, BT, rows_l)
+    c = gl.arange(0, BT, cols_l)
+    gate_offs_r = (start + r).to(gl.int64) * HV + i_hv
+    g_rows = gl.load(g + gate_offs_r, mask=r < n_rows, other=0.0)
+    g_cols = gl.load(g + (start + c).to(gl.int64) * HV + i_hv, mask=c < n_rows, other=0.0)
+    beta_rows = gl.load(beta + gate_offs_r, mask=r < n_rows, other=0.0)
+    gam_rows, gam_cols = chunk_cumsum(g_rows, g_cols)
+    gl.store(gam + gate_offs_r, gam_rows, mask=r < n_rows)
+    gl.store(qg + gate_offs_r, gam_rows + row_vecs.index(0).load(rows_l), mask=r < n_rows)
+    gl.store(kg + gate_offs_r, gam_rows - row_vecs.index(1).load(rows_l), mask=r < n_rows)
+    decay = causal_decay_bitmask(gam_rows, gam_cols, n_rows, STRICT=True)
+    # the column scalings of Tw and Tu wait in shared memory, not in registers, while the inverse runs (as
+    # column vectors they would pin 64 registers a thread across it); past the chunk they are 0 (beta = 0)
+    row_vecs.index(2).store(beta_rows * gl.exp(gam_rows))
+    row_vecs.index(3).store(beta_rows)
+
+    # --- A = beta_i (k k^T)_ij exp(gam_i - gam_j), strictly lower.
+    mbarrier.wait(mma_bar, 0)
+    A = tt_tmem.load(reg_tt) * gl.expand_dims(beta_rows, 1) * decay
+
+    # --- Tc = (I + A)^-1 in tf32 on the tensor cores; the previous head's w and u TMA stores must have left
+    # a_smem / bt_smem first (_tf32_matmul starts with a CTA barrier, after the issuing thread's wait).
+    tma.store_wait(0)
+    Tc, phase = _unit_lower_inverse(A, a_smem, bt_smem, tt_tmem, reg_tt, mma_bar, 1)
+
+    # --- w = Tc diag(beta e^gam) k and u = Tc diag(beta) v: the row scalings fold into Tc's columns.
+    # Both 16-bit A operands go to the (now free) tf32 operand tiles; the two MMAs share one commit.
+    op_tt: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], dtype)
+    tw_smem = a_smem._reinterpret(dtype, [BT, BT], op_tt)
+    tu_smem = bt_smem._reinterpret(dtype, [BT, BT], op_tt)
+    gl.thread_barrier()  # the last tcgen05.ld of tt_tmem (u's columns) is done in every warp
+    tw_smem.store((Tc * gl.expand_dims(row_vecs.index(2).load(cols_l), 0)).to(dtype))
+    tu_smem.store((Tc * gl.expand_dims(row_vecs.index(3).load(cols_l), 0)).to(dtype))
+    mbarrier.wait(v_bar, v_phase)
+    fence_async_shared()
+    gl.thread_barrier()
+    tcgen05_mma(tw_smem, k_smem, w_tmem, use_acc=False)
+    tcgen05_mma(tu_smem, v_smem, u_tmem, use_acc=False)
+    tcgen05_commit(mma_bar)
+    mbarrier.wait(mma_bar, phase)
+
+    # --- w and u staged in the operand tiles (their MMAs are complete), out by TMA; rows past the chunk clipped.
+    w_stage = a_smem._reinterpret(dtype, [BT, K], w_desc.layout)
+    u_stage = bt_smem._reinterpret(dtype, [BT, V], u_desc.layout)
+    w_stage.store(w_tmem.load(reg_tk).to(dtype))
+    u_stage.store(u_tmem.load(reg_tv).to(dtype))
+    fence_async_shared()
+    gl.thread_barrier()
+    tma.async_copy_shared_to_global(w_desc, [0, j * K], w_stage)
+    tma.async_copy_shared_to_global(u_desc, [0, j * V], u_stage)
+
+
+@gluon.jit
+def prepare_kernel(q, k, v, g, beta, cu_seqlens, w, u, gam, qg, kg, T, num_seqs, H, HV, flags,
                    K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, IS_VARLEN: gl.constexpr,
                    num_warps: gl.constexpr):
     gl.static_assert(BT == 64, "one CTA owns the 64 rows of a chunk (tcgen05 M = 64)")
+    gl.static_assert((K <= 2 * BT) & (V <= 2 * BT), "w and u are staged in the fp32 [BT, BT] operand tiles")
     dtype: gl.constexpr = k.dtype.element_ty
     start, n_rows = sequence_of_chunk_slot(gl.program_id(0), cu_seqlens, T, num_seqs, BT, IS_VARLEN)
-    i_hv = gl.program_id(1)
-    i_h = i_hv // (HV // H)
+    i_h = gl.program_id(1)
+    group = HV // H
     if n_rows > 0:
         # --- tensor memory: accumulators [BT, K] (w) and [BT, V] (u); k k^T uses u's first columns.
-        tm_tt: gl.constexpr = TensorMemoryLayout(block=(BT, BT), col_stride=1)
         tm_tk: gl.constexpr = TensorMemoryLayout(block=(BT, K), col_stride=1)
         tm_tv: gl.constexpr = TensorMemoryLayout(block=(BT, V), col_stride=1)
-        reg_tt: gl.constexpr = get_tmem_reg_layout(gl.float32, [BT, BT], tm_tt, num_warps)
-        reg_tk: gl.constexpr = get_tmem_reg_layout(gl.float32, [BT, K], tm_tk, num_warps)
-        reg_tv: gl.constexpr = get_tmem_reg_layout(gl.float32, [BT, V], tm_tv, num_warps)
         w_tmem = allocate_tensor_memory(gl.float32, [BT, K], tm_tk)
         u_tmem = allocate_tensor_memory(gl.float32, [BT, V], tm_tv)
-        tt_tmem = u_tmem.slice(0, BT)
 
-        bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        load_bar = bars.index(0)
-        mma_bar = bars.index(1)
-        mbarrier.init(load_bar, count=1)
-        mbarrier.init(mma_bar, count=1)
+        # barriers: 0 the k tile, 1 each value head's v tile, 2 the MMAs
+        bars = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())
+        for b in gl.static_range(3):
+            mbarrier.init(bars.index(b), count=1)
 
-        # --- k and v tiles by TMA (rows past the chunk read as zero), overlapping the gate arithmetic.
+        # --- descriptors over the chunk's rows: the key head's k, its value heads' v, w, u side by side.
         row0 = start.to(gl.int64)
-        k_desc = _chunk_desc(k + row0 * H * K + i_h * K, H * K, n_rows, BT, K)
-        v_desc = _chunk_desc(v + row0 * HV * V + i_hv * V, HV * V, n_rows, BT, V)
-        w_desc = _chunk_desc(w + row0 * HV * K + i_hv * K, HV * K, n_rows, BT, K)
-        u_desc = _chunk_desc(u + row0 * HV * V + i_hv * V, HV * V, n_rows, BT, V)
+        k_desc = _chunk_desc(k + row0 * H * K + i_h * K, H * K, n_rows, K, BT, K)
+        v_desc = _chunk_desc(v + row0 * HV * V + i_h * group * V, HV * V, n_rows, group * V, BT, V)
+        w_desc = _chunk_desc(w + row0 * HV * K + i_h * group * K, HV * K, n_rows, group * K, BT, K)
+        u_desc = _chunk_desc(u + row0 * HV * V + i_h * group * V, HV * V, n_rows, group * V, BT, V)
         k_smem = gl.allocate_shared_memory(dtype, [BT, K], k_desc.layout)
         v_smem = gl.allocate_shared_memory(dtype, [BT, V], v_desc.layout)
-        mbarrier.expect(load_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [0, 0], load_bar, k_smem)
-        tma.async_copy_global_to_shared(v_desc, [0, 0], load_bar, v_smem)
-
-        # --- gates of the chunk: g and beta per row, cumsum in fp32 (layouts of the TMEM register tiles).
-        rows_l: gl.constexpr = gl.SliceLayout(1, reg_tt)
-        cols_l: gl.constexpr = gl.SliceLayout(0, reg_tt)
-        r = gl.arange(0, BT, rows_l)
-        c = gl.arange(0, BT, cols_l)
-        gate_offs_r = (start + r).to(gl.int64) * HV + i_hv
-        gate_offs_c = (start + c).to(gl.int64) * HV + i_hv
-        g_rows = gl.load(g + gate_offs_r, mask=r < n_rows, other=0.0)
-        g_cols = gl.load(g + gate_offs_c, mask=c < n_rows, other=0.0)
-        beta_rows = gl.load(beta + gate_offs_r, mask=r < n_rows, other=0.0)
-        beta_cols = gl.load(beta + gate_offs_c, mask=c < n_rows, other=0.0)
-        gam_rows, gam_cols = chunk_cumsum(g_rows, g_cols)
-        gl.store(gam + gate_offs_r, gam_rows, mask=r < n_rows)
-        decay = causal_decay_bitmask(gam_rows, gam_cols, n_rows, STRICT=True)
-
-        # --- use_qk_l2norm_in_kernel: inverse row norms of q (masked register loads, overlapping the TMA) and
-        # of k; the k tile is normalised in place (shared -> registers -> shared, same layout both ways, so each
-        # thread rewrites only what it read), rounded back to the input dtype as fla's l2norm output is.
-        l2norm = (flags & PREPARE_L2NORM) != 0
-        load_k: gl.constexpr = row_load_layout(K, num_warps)
-        rl = gl.arange(0, BT, gl.SliceLayout(1, load_k))
-        norm_offs = (start + rl).to(gl.int64) * HV + i_hv
-        if l2norm:
-            rq_rows = inverse_row_norms(load_rows(q + i_h * K, start, n_rows, H * K, BT, K, load_k))
-            gl.store(rq + norm_offs, rq_rows, mask=rl < n_rows)
-        mbarrier.wait(load_bar, 0)
-        if l2norm:
-            k_tile = k_smem.load(load_k)
-            rk_rows = inverse_row_norms(k_tile)
-            k_smem.store((k_tile.to(gl.float32) * gl.expand_dims(rk_rows, 1)).to(dtype))
-            gl.store(rk + norm_offs, rk_rows, mask=rl < n_rows)
-
-        # --- A = beta_i (k k^T)_ij exp(gam_i - gam_j), strictly lower.
-        fence_async_shared()  # the normalised k (generic-proxy stores) is visible to the MMA's async proxy
-        gl.thread_barrier()
-        phase = 0
-        tcgen05_mma(k_smem, k_smem.permute((1, 0)), tt_tmem, use_acc=False)
-        tcgen05_commit(mma_bar)
-        mbarrier.wait(mma_bar, phase)
-        phase ^= 1
-        A = tt_tmem.load(reg_tt) * gl.expand_dims(beta_rows, 1) * decay
-
-        # --- Tc = (I + A)^-1 in tf32 on the tensor cores (products in tt_tmem, after A's tcgen05.ld everywhere:
-        # _tf32_matmul starts with a CTA barrier).
         f32_tt: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], gl.float32)
         a_smem = gl.allocate_shared_memory(gl.float32, [BT, BT], f32_tt)
         bt_smem = gl.allocate_shared_memory(gl.float32, [BT, BT], f32_tt)
-        Tc, phase = _unit_lower_inverse(A, a_smem, bt_smem, tt_tmem, reg_tt, mma_bar, phase)
+        row_vecs = gl.allocate_shared_memory(gl.float32, [4, BT], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        mbarrier.expect(bars.index(0), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [0, 0], bars.index(0), k_smem)
 
-        # --- w = Tc diag(beta e^gam) k and u = Tc diag(beta) v: the row scalings fold into Tc's columns.
-        # Both A operands go to shared memory (16-bit, NVMMA layout); the two MMAs share one commit.
-        op_tt: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], dtype)
-        tw_smem = gl.allocate_shared_memory(dtype, [BT, BT], op_tt)
-        tu_smem = gl.allocate_shared_memory(dtype, [BT, BT], op_tt)
-        gl.thread_barrier()  # the last tcgen05.ld of tt_tmem (u's columns) is done in every warp
-        tw_smem.store((Tc * gl.expand_dims(beta_cols * gl.exp(gam_cols), 0)).to(dtype))
-        tu_smem.store((Tc * gl.expand_dims(beta_cols, 0)).to(dtype))
-        fence_async_shared()
-        gl.thread_barrier()
-        tcgen05_mma(tw_smem, k_smem, w_tmem, use_acc=False)
-        tcgen05_mma(tu_smem, v_smem, u_tmem, use_acc=False)
-        tcgen05_commit(mma_bar)
-        mbarrier.wait(mma_bar, phase)
+        # --- use_qk_l2norm_in_kernel: log inverse row norms of q (masked register loads, overlapping the TMA)
+        # and of k; the k tile is normalised in place (shared -> registers -> shared, same layout both ways, so
+        # each thread rewrites only what it read), rounded back to the input dtype as fla's l2norm output is.
+        load_k: gl.constexpr = row_load_layout(K, num_warps)
+        log_rq = gl.zeros([BT], gl.float32, gl.SliceLayout(1, load_k))
+        log_rk = gl.zeros([BT], gl.float32, gl.SliceLayout(1, load_k))
+        if flags & PREPARE_L2NORM:
+            log_rq = gl.log(inverse_row_norms(load_rows(q + i_h * K, start, n_rows, H * K, BT, K, load_k)))
+        mbarrier.wait(bars.index(0), 0)
+        if flags & PREPARE_L2NORM:
+            k_tile = k_smem.load(load_k)
+            rk_rows = inverse_row_norms(k_tile)
+            k_smem.store((k_tile.to(gl.float32) * gl.expand_dims(rk_rows, 1)).to(dtype))
+            log_rk = gl.log(rk_rows)
+        row_vecs.index(0).store(log_rq)
+        row_vecs.index(1).store(log_rk)
+        fence_async_shared()  # the normalised k is visible to the tensor cores' async proxy
+        gl.thread_barrier()  # ... and the log norms to every warp
 
-        # --- results back through the (now free) k and v tiles, out by TMA; rows past the chunk are clipped.
-        k_smem.store(w_tmem.load(reg_tk).to(dtype))
-        v_smem.store(u_tmem.load(reg_tv).to(dtype))
-        fence_async_shared()
-        gl.thread_barrier()
-        tma.async_copy_shared_to_global(w_desc, [0, 0], k_smem)
-        tma.async_copy_shared_to_global(u_desc, [0, 0], v_smem)
+        for j in range(group):
+            _serve_value_head(i_h * group + j, j, j & 1, k_smem, v_smem, a_smem, bt_smem, row_vecs,
+                              bars.index(1), bars.index(2), w_tmem, u_tmem, v_desc, w_desc, u_desc,
+                              g, beta, gam, qg, kg, loop_variant(start, j), loop_variant(n_rows, j), HV, K, V, BT)
         tma.store_wait(0)
-        mbarrier.invalidate(load_bar)
-        mbarrier.invalidate(mma_bar)
+        gl.thread_barrier()
+        for b in gl.static_range(3):
+            mbarrier.invalidate(bars.index(b))

@@ -5,9 +5,11 @@ per (sequence, value head, V tile), 4 warps, walks the sequence's chunks in orde
     v_new = u - w h
     o     = scale (e^gam * (q h) + ((q k^T) . M) v_new)        M_ij = e^(gam_i - gam_j), i >= j
     h     = e^gam_last h + k^T (e^(gam_last - gam) v_new)
-With flags & SCAN_L2NORM (use_qk_l2norm_in_kernel) q_i -> rq_i q_i and k_j -> rk_j k_j, rq, rk from gdn_prepare,
-folded into the row scalings as on sm_90a: rq into the rows of q h and of the scores (through the decay's
-exponent), rk into the columns of the scores (same) and the rows of v_dec.
+(with use_qk_l2norm_in_kernel, q_i -> rq_i q_i and k_j -> rk_j k_j enter through gdn_prepare's qg = gam + ln rq
+and kg = gam - ln rk, as on sm_90a: e^qg scales the rows of q h, e^(gam_last - kg) those of v_dec, and the
+scores' decay is e^((qg_i + ln scale) - kg_j).) The per-row data (qg, kg, gam_last) of chunk c + 1 is loaded
+during chunk c, straight in the slice layouts of the TMEM register tiles that use it (common.chunk_rows), once
+the scores are masked (their registers are free then; the loads complete during the output epilogue).
 Units:
   * TMA (UTMALDG) brings q, k, w, u of chunk c + 1 into the other half of a two-stage shared-memory ring
     (completion on an mbarrier) while chunk c computes; the descriptors are built on the device per sequence with
@@ -41,9 +43,8 @@ from triton.experimental.gluon.language.nvidia.blackwell import (TensorMemoryLay
                                                                   fence_async_shared, get_tmem_reg_layout,
                                                                   mbarrier, tcgen05_commit, tcgen05_mma, tma)
 
-from .common import (SCAN_HAS_H0, SCAN_L2NORM, SCAN_STORE_HT, SCAN_USE_INDICES, causal_decay_bitmask,
-                     chunk_row_scalings, chunk_rows, issue_chunk_loads, load_state_tile, row_tile_desc,
-                     sequence_bounds)
+from .common import (SCAN_HAS_H0, SCAN_STORE_HT, SCAN_USE_INDICES, causal_decay_bitmask, chunk_row_scalings,
+                     chunk_rows, issue_chunk_loads, load_state_tile, row_tile_desc, sequence_bounds)
 
 ROW_SKIP = gl.constexpr(0x7FFFFFFF)  # async_scatter row offset that the TMA unit skips (out of range)
 
@@ -93,7 +94,7 @@ def _store_state(ht, h_tmem, stage, slot, i_hv, i_v, HV, K: gl.constexpr, V: gl.
 
 
 @gluon.jit
-def scan_kernel(q, k, w, u, gam, rq, rk, cu_seqlens, h0, ht, state_indices, o, scale, T, H, HV, flags,
+def scan_kernel(q, k, w, u, gam, qg, kg, cu_seqlens, h0, ht, state_indices, o, scale, T, H, HV, flags,
                 K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, IS_VARLEN: gl.constexpr,
                 TRANSPOSE_STATE: gl.constexpr, num_warps: gl.constexpr):
     gl.static_assert(BT == 64, "tcgen05 M = 64 for the chunk-row products")
@@ -168,17 +169,16 @@ def scan_kernel(q, k, w, u, gam, rq, rk, cu_seqlens, h0, ht, state_indices, o, s
     bar_o = bars.index(4)
     bar_h = bars.index(5)
 
-    # per-row chunk data (gam, and the inverse q/k norms of use_qk_l2norm_in_kernel): loaded one chunk ahead
-    # (common.chunk_rows, as on sm_90a), one element a thread, then converted to the row/column slices of the
-    # TMEM register layouts that use it
-    rows = gl.arange(0, BT, gl.BlockedLayout([1], [32], [num_warps], [0]))
+    # per-row chunk data (qg, kg over the output rows, kg over the score columns, gam of the last row): loaded one
+    # chunk ahead (common.chunk_rows, as on sm_90a) straight in the slice layouts of the TMEM register tiles
+    rows_tv: gl.constexpr = gl.SliceLayout(1, reg_tv)
+    cols_tt: gl.constexpr = gl.SliceLayout(0, reg_tt)
     offs_layout: gl.constexpr = gl.SliceLayout(0, gl.BlockedLayout([1, 4], [32, 1], [1, num_warps], [1, 0]))
     rows_sc = gl.arange(0, BT, offs_layout)
     gam_head = gam + row0 * HV + i_hv
-    rq_head = rq + row0 * HV + i_hv
-    rk_head = rk + row0 * HV + i_hv
-    l2norm = (flags & SCAN_L2NORM) != 0
-    gam_v, gam_last, rq_v, rk_v = chunk_rows(gam_head, rq_head, rk_head, 0, seq_len, rows, HV, l2norm, BT)
+    qg_head = qg + row0 * HV + i_hv
+    kg_head = kg + row0 * HV + i_hv
+    qg_r, kg_r, kg_c, gam_last = chunk_rows(gam_head, qg_head, kg_head, 0, seq_len, HV, BT, rows_tv, cols_tt)
 
     if n_chunks > 0:
         issue_chunk_loads(q_desc, k_desc, w_desc, u_desc, 0, bars.index(0),
@@ -191,13 +191,11 @@ def scan_kernel(q, k, w, u, gam, rq, rk, cu_seqlens, h0, ht, state_indices, o, s
             gl.thread_barrier()
             issue_chunk_loads(q_desc, k_desc, w_desc, u_desc, (c + 1) * BT, bars.index(1 - s),
                               q_ring.index(1 - s), k_ring.index(1 - s), w_ring.index(1 - s), u_ring.index(1 - s))
-        gam_n, last_n, rq_n, rk_n = chunk_rows(gam_head, rq_head, rk_head, c + 1, seq_len, rows, HV, l2norm, BT)
 
-        # row scalings of the chunk: q_i -> rq_i q_i and k_j -> rk_j k_j (use_qk_l2norm_in_kernel) fold in here
+        # row scalings of the chunk (the q/k norms of use_qk_l2norm_in_kernel are folded into qg, kg)
         n_rows = seq_len - c * BT
-        o_scale, v_dec_scale, decay_rows, decay_cols, h_decay = chunk_row_scalings(
-            gam_v, gam_last, rq_v, rk_v, scale, gl.SliceLayout(1, reg_tv), gl.SliceLayout(1, reg_tt),
-            gl.SliceLayout(0, reg_tt))
+        o_scale, v_dec_scale, decay_rows, h_decay = chunk_row_scalings(qg_r, kg_r, gam_last, scale,
+                                                                       gl.SliceLayout(1, reg_tt))
 
         # h: TMEM -> registers once: the bf16 operand for w h and q h, and e^gam_last h back into TMEM, where
         # the k^T v_dec MMA of this chunk accumulates onto it
@@ -225,7 +223,7 @@ def scan_kernel(q, k, w, u, gam, rq, rk, cu_seqlens, h0, ht, state_indices, o, s
 
         # intra-chunk scores, causally masked (16-wide bitmasks) with the decay; the 16-bit A operand of P v_new
         mbarrier.wait(bar_sq, phase)
-        scores = s_tmem.load(reg_tt) * causal_decay_bitmask(decay_rows, decay_cols, n_rows, STRICT=False)
+        scores = s_tmem.load(reg_tt) * causal_decay_bitmask(decay_rows, kg_c, n_rows, STRICT=False)
         p_smem.store(scores.to(dtype))
         _operands_ready()
         tcgen05_mma(p_smem, v_new_smem, acc_a, use_acc=False)
@@ -233,6 +231,9 @@ def scan_kernel(q, k, w, u, gam, rq, rk, cu_seqlens, h0, ht, state_indices, o, s
         # h = e^gam_last h + k^T v_dec, accumulated in TMEM; overlaps the output epilogue below
         tcgen05_mma(k_s.permute((1, 0)), v_dec_smem, h_tmem, use_acc=True)
         tcgen05_commit(bar_h)
+        # the next chunk's row data: the scores' registers are free, and the loads complete during the epilogue
+        qg_r, kg_r, kg_c, gam_last = chunk_rows(gam_head, qg_head, kg_head, c + 1, seq_len, HV, BT, rows_tv,
+                                                cols_tt)
 
         # o = scale e^gam (q h) + P v_new, from the two accumulators
         mbarrier.wait(bar_o, phase)
@@ -248,7 +249,6 @@ def scan_kernel(q, k, w, u, gam, rq, rk, cu_seqlens, h0, ht, state_indices, o, s
             x_offsets = gl.where(rows_sc < n_rows, bos + c * BT + rows_sc, ROW_SKIP)
             tma.async_scatter(o_all_desc, x_offsets, i_hv * V + i_v * BV, o_smem)
         mbarrier.wait(bar_h, phase)
-        gam_v, gam_last, rq_v, rk_v = gam_n, last_n, rq_n, rk_n
     tma.store_wait(0)
     gl.thread_barrier()
     for b in gl.static_range(6):

@@ -5,23 +5,46 @@ docs/gdn-math.md) with the state h [K, BV] in fp32 registers (the wgmma accumula
     v_new = u - w h
     o     = scale (e^gam * (q h) + ((q k^T) . M) v_new)        M_ij = e^(gam_i - gam_j), i >= j
     h     = e^gam_last h + k^T (e^(gam_last - gam) v_new)
-Units: TMA brings q, k, w, u of chunk c + 1 into the other half of a two-stage shared-memory ring (completion on
-an mbarrier) while the warpgroup's wgmma work on chunk c; o leaves through a TMA store. The TMA descriptors are
-built on the device per sequence with the sequence's length as their row bound, so the last chunk's loads are
-zero-filled past the end and its store is clipped: no chunk ever touches a neighbouring sequence's rows.
-Because o is produced here, neither the per-chunk states nor v_new ever reach HBM.
+(with use_qk_l2norm_in_kernel, q_i -> rq_i q_i and k_j -> rk_j k_j enter through gdn_prepare's qg, kg.)
+Units:
+  * TMA brings q and k of chunk c + 2 into a two-stage ring as soon as chunk c is done with it, and w of chunk
+    c + 1 into a single buffer as soon as chunk c's w h is done; completion on mbarriers. u comes by register
+    loads one chunk ahead (it is only ever needed in registers). The TMA descriptors are built on the device
+    per sequence with the sequence's length as row bound: the last chunk's loads are zero-filled past the end
+    and its output store is clipped, so no chunk touches a neighbouring sequence's rows.
+  * wgmma, asynchronous: w h, q k^T and q h go out together; only w h is on the recurrence's critical path
+    (h -> w h -> v_new -> k^T v_dec -> h), the two others complete while v_new is formed.
+  * o leaves by TMA store through the v_new buffer once the output MMA has read it.
+Shared memory at BV = 64: q, k rings 64 KB, w 16 KB, h 16 KB, v_new / o and v_dec 16 KB = 112 KB, so two
+programs share an SM and each hides the other's latencies.
+Neither the per-chunk states nor v_new ever reach HBM.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                               warpgroup_mma_wait)
 
-from .common import (SCAN_HAS_H0, SCAN_L2NORM, SCAN_STORE_HT, SCAN_USE_INDICES, causal_decay, chunk_row_scalings,
-                     chunk_rows, issue_chunk_loads, load_state_tile, row_tile_desc, sequence_bounds,
-                     store_state_tile, wgmma_layout)
+from .common import (SCAN_HAS_H0, SCAN_STORE_HT, SCAN_USE_INDICES, causal_decay, chunk_row_scalings, chunk_rows,
+                     load_state_tile, row_tile_desc, sequence_bounds, store_state_tile, wgmma_layout)
 
 
 @gluon.jit
-def scan_kernel(q, k, w, u, gam, rq, rk, cu_seqlens, h0, ht, state_indices, o, scale, T, H, HV, flags,
+def _load_tile(bar, row, desc, buf):
+    """TMA load of the tile at `row` of a row-tile descriptor, completing on `bar`."""
+    mbarrier.expect(bar, desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(desc, [row, 0], bar, buf)
+
+
+@gluon.jit
+def _load_tiles(bar, row, desc_a, buf_a, desc_b, buf_b):
+    """TMA loads of the [BT, K] tiles at `row` of two descriptors, completing on `bar`."""
+    mbarrier.expect(bar, desc_a.block_type.nbytes + desc_b.block_type.nbytes)
+    tma.async_copy_global_to_shared(desc_a, [row, 0], bar, buf_a)
+    tma.async_copy_global_to_shared(desc_b, [row, 0], bar, buf_b)
+
+
+@gluon.jit
+def scan_kernel(q, k, w, u, gam, qg, kg, cu_seqlens, h0, ht, state_indices, o, scale, T, H, HV, flags,
                 K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, IS_VARLEN: gl.constexpr,
                 TRANSPOSE_STATE: gl.constexpr, num_warps: gl.constexpr):
     dtype: gl.constexpr = q.dtype.element_ty
@@ -36,6 +59,7 @@ def scan_kernel(q, k, w, u, gam, rq, rk, cu_seqlens, h0, ht, state_indices, o, s
     acc_tv: gl.constexpr = wgmma_layout(BT, BV, num_warps)
     acc_tt: gl.constexpr = wgmma_layout(BT, BT, num_warps)
     acc_kv: gl.constexpr = wgmma_layout(K, BV, num_warps)
+    rows_tv: gl.constexpr = gl.SliceLayout(1, acc_tv)
 
     # --- the state: slot i_n, or the caller's pool slot; a negative slot starts from zero and is not written.
     slot = i_n
@@ -52,79 +76,93 @@ def scan_kernel(q, k, w, u, gam, rq, rk, cu_seqlens, h0, ht, state_indices, o, s
     u_desc = row_tile_desc(u + row0 * HV * V + i_hv * V + i_v * BV, HV * V, seq_len, BT, BV)
     o_desc = row_tile_desc(o + row0 * HV * V + i_hv * V + i_v * BV, HV * V, seq_len, BT, BV)
 
-    # --- shared memory: a two-stage ring for the chunk inputs, single buffers for what the MMAs exchange.
+    # --- shared memory: q, k rings of two chunks; single buffers for w and for what the MMAs exchange.
     q_ring = gl.allocate_shared_memory(dtype, [2, BT, K], q_desc.layout)
     k_ring = gl.allocate_shared_memory(dtype, [2, BT, K], k_desc.layout)
-    w_ring = gl.allocate_shared_memory(dtype, [2, BT, K], w_desc.layout)
-    u_ring = gl.allocate_shared_memory(dtype, [2, BT, BV], u_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for stage in gl.static_range(2):
-        mbarrier.init(ready.index(stage), count=1)
+    w_smem = gl.allocate_shared_memory(dtype, [BT, K], w_desc.layout)
     h_smem = gl.allocate_shared_memory(dtype, [K, BV], gl.NVMMASharedLayout.get_default_for([K, BV], dtype))
-    v_new_smem = gl.allocate_shared_memory(dtype, [BT, BV], u_desc.layout)
-    v_dec_smem = gl.allocate_shared_memory(dtype, [BT, BV], u_desc.layout)
-    o_smem = gl.allocate_shared_memory(dtype, [BT, BV], o_desc.layout)
+    v_new_smem = gl.allocate_shared_memory(dtype, [BT, BV], o_desc.layout)  # v_new, then the chunk's o
+    v_dec_smem = gl.allocate_shared_memory(dtype, [BT, BV], o_desc.layout)  # u, then v_dec
+    bars = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())  # q/k stage 0, 1; w; u
+    for b in gl.static_range(4):
+        mbarrier.init(bars.index(b), count=1)
+    w_ready = bars.index(2)
+    u_ready = bars.index(3)
 
-    # per-row chunk data (gam, and the inverse q/k norms of use_qk_l2norm_in_kernel): loaded one chunk ahead,
-    # one element a thread, then converted to the row/column slices of the MMA layouts that use it
-    rows = gl.arange(0, BT, gl.BlockedLayout([1], [32], [num_warps], [0]))
+    # per-row chunk data, loaded during the chunk before (off the critical path), straight in the layouts of
+    # the MMA results that use them
     gam_head = gam + row0 * HV + i_hv
-    rq_head = rq + row0 * HV + i_hv
-    rk_head = rk + row0 * HV + i_hv
-    l2norm = (flags & SCAN_L2NORM) != 0
-    gam_v, gam_last, rq_v, rk_v = chunk_rows(gam_head, rq_head, rk_head, 0, seq_len, rows, HV, l2norm, BT)
+    qg_head = qg + row0 * HV + i_hv
+    kg_head = kg + row0 * HV + i_hv
+    qg_r, kg_r, kg_c, gam_last = chunk_rows(gam_head, qg_head, kg_head, 0, seq_len, HV, BT, rows_tv,
+                                            gl.SliceLayout(0, acc_tt))
 
     if n_chunks > 0:
-        issue_chunk_loads(q_desc, k_desc, w_desc, u_desc, 0, ready.index(0),
-                          q_ring.index(0), k_ring.index(0), w_ring.index(0), u_ring.index(0))
+        _load_tiles(bars.index(0), 0, q_desc, q_ring.index(0), k_desc, k_ring.index(0))
+        _load_tile(w_ready, 0, w_desc, w_smem)
+        _load_tile(u_ready, 0, u_desc, v_dec_smem)
+    if n_chunks > 1:
+        _load_tiles(bars.index(1), BT, q_desc, q_ring.index(1), k_desc, k_ring.index(1))
     for c in range(n_chunks):
         s = c % 2
-        if c + 1 < n_chunks:
-            # the other stage was last read in chunk c - 1; every warp must be past it before TMA overwrites it
-            gl.thread_barrier()
-            issue_chunk_loads(q_desc, k_desc, w_desc, u_desc, (c + 1) * BT, ready.index(1 - s),
-                              q_ring.index(1 - s), k_ring.index(1 - s), w_ring.index(1 - s), u_ring.index(1 - s))
-        gam_n, last_n, rq_n, rk_n = chunk_rows(gam_head, rq_head, rk_head, c + 1, seq_len, rows, HV, l2norm, BT)
-
-        # row scalings of the chunk: q_i -> rq_i q_i and k_j -> rk_j k_j (use_qk_l2norm_in_kernel) fold in here
-        n_rows = seq_len - c * BT
-        o_scale, v_dec_scale, decay_rows, decay_cols, h_decay = chunk_row_scalings(
-            gam_v, gam_last, rq_v, rk_v, scale, gl.SliceLayout(1, acc_tv), gl.SliceLayout(1, acc_tt),
-            gl.SliceLayout(0, acc_tt))
-
-        mbarrier.wait(ready.index(s), (c // 2) & 1)
         q_s = q_ring.index(s)
         k_s = k_ring.index(s)
+        n_rows = seq_len - c * BT
+        o_scale, v_dec_scale, decay_rows, h_decay = chunk_row_scalings(qg_r, kg_r, gam_last, scale,
+                                                                       gl.SliceLayout(1, acc_tt))
 
-        # v_new = u - w h, parked in shared memory right away (the next two MMAs read it from there)
+        # w h (the recurrence's critical path) and q k^T (independent of h) go out together
         h_smem.store(h.to(dtype))
         fence_async_shared()
-        w_h = warpgroup_mma(w_ring.index(s), h_smem, gl.zeros([BT, BV], gl.float32, acc_tv), use_acc=False)
-        v_new = u_ring.index(s).load(acc_tv).to(gl.float32) - w_h
+        mbarrier.wait(w_ready, c & 1)
+        mbarrier.wait(bars.index(s), (c // 2) & 1)
+        w_h = warpgroup_mma(w_smem, h_smem, gl.zeros([BT, BV], gl.float32, acc_tv), use_acc=False, is_async=True)
+        scores = warpgroup_mma(q_s, k_s.permute((1, 0)), gl.zeros([BT, BT], gl.float32, acc_tt), use_acc=False,
+                               is_async=True)
+        w_h = warpgroup_mma_wait(1, deps=[w_h])
+        mbarrier.wait(u_ready, c & 1)
+        u_c = v_dec_smem.load(acc_tv)
+
+        # w is free: the next chunk's w comes in now; u has been read and the previous chunk's o has left
+        # v_new_smem, so both buffers can be written
+        tma.store_wait(0)
+        gl.thread_barrier()
+        if c + 1 < n_chunks:
+            _load_tile(w_ready, (c + 1) * BT, w_desc, w_smem)
+
+        # v_new = u - w h; h = e^gam_last h + k^T (e^(gam_last - gam) v_new), then q h (h_smem still holds
+        # the chunk's starting state), both in flight while the scores are masked
+        v_new = u_c.to(gl.float32) - w_h
         v_new_smem.store(v_new.to(dtype))
         v_dec_smem.store((v_new * gl.expand_dims(v_dec_scale, 1)).to(dtype))
-
-        # intra-chunk scores, causally masked with the decay; kept as the bf16 A operand of the next MMA
-        scores = warpgroup_mma(q_s, k_s.permute((1, 0)), gl.zeros([BT, BT], gl.float32, acc_tt), use_acc=False)
-        scores = scores * causal_decay(decay_rows, decay_cols, n_rows, STRICT=False)
-        scores = gl.convert_layout(scores.to(dtype), gl.DotOperandLayout(0, acc_tv, 2))
         fence_async_shared()
+        decay = causal_decay(decay_rows, kg_c, n_rows, STRICT=False)  # before h and q h are in flight: registers
+        h = warpgroup_mma(k_s.permute((1, 0)), v_dec_smem, h * h_decay, is_async=True)
+        q_h = warpgroup_mma(q_s, h_smem, gl.zeros([BT, BV], gl.float32, acc_tv), use_acc=False, is_async=True)
+        scores = warpgroup_mma_wait(2, deps=[scores])
+        p = (scores * decay).to(dtype)
+        qg_r, kg_r, kg_c, gam_last = chunk_rows(gam_head, qg_head, kg_head, c + 1, seq_len, HV, BT, rows_tv,
+                                                gl.SliceLayout(0, acc_tt))
+        h, q_h = warpgroup_mma_wait(0, deps=[h, q_h])
 
-        # o = scale e^gam (q h) + scores v_new
-        q_h = warpgroup_mma(q_s, h_smem, gl.zeros([BT, BV], gl.float32, acc_tv), use_acc=False)
-        o_acc = warpgroup_mma(scores, v_new_smem, q_h * gl.expand_dims(o_scale, 1))
-        tma.store_wait(0)  # the previous chunk's output has left o_smem
+        # o = scale e^gam (q h) + (scores . decay) v_new
+        o_acc = warpgroup_mma(gl.convert_layout(p, gl.DotOperandLayout(0, acc_tv, 2)), v_new_smem,
+                              q_h * gl.expand_dims(o_scale, 1))
+
+        # every warp is done with this stage's q, k, with v_dec and v_new: chunk c + 2's q, k and chunk
+        # c + 1's u come in, o goes out
         gl.thread_barrier()
-        o_smem.store(o_acc.to(dtype))
+        if c + 2 < n_chunks:
+            _load_tiles(bars.index(s), (c + 2) * BT, q_desc, q_s, k_desc, k_s)
+        if c + 1 < n_chunks:
+            _load_tile(u_ready, (c + 1) * BT, u_desc, v_dec_smem)
+        v_new_smem.store(o_acc.to(dtype))
         fence_async_shared()
-        tma.async_copy_shared_to_global(o_desc, [c * BT, 0], o_smem)
-
-        # h = e^gam_last h + k^T (e^(gam_last - gam) v_new)
-        h = warpgroup_mma(k_s.permute((1, 0)), v_dec_smem, h * h_decay)
-        gam_v, gam_last, rq_v, rk_v = gam_n, last_n, rq_n, rk_n
+        gl.thread_barrier()
+        tma.async_copy_shared_to_global(o_desc, [c * BT, 0], v_new_smem)
     tma.store_wait(0)
-    for stage in gl.static_range(2):
-        mbarrier.invalidate(ready.index(stage))
+    for b in gl.static_range(4):
+        mbarrier.invalidate(bars.index(b))
 
     store_state_tile(ht, h, slot, i_hv, i_v, HV, ((flags & SCAN_STORE_HT) != 0) & (slot >= 0), K, V, BV,
                      TRANSPOSE_STATE)

@@ -18,7 +18,9 @@ from gdn_aot.loader.errors import ArtifactsNotFound, CorruptArtifact, Unsupporte
 
 MANIFEST_SCHEMA_VERSION = 1
 # 2: gdn_l2norm removed (fused), gdn_prepare/gdn_scan take q, rq, rk, flags; library versioned (.so.2 soname)
-LAUNCHER_ABI_VERSION = 2
+# 3: rq, rk -> qg, kg (always written by gdn_prepare, always read by gdn_scan: SCAN_L2NORM is gone); gdn_prepare's
+#    grid is (slots, H, 1); gdn_aot_forward (both launches in one call) added
+LAUNCHER_ABI_VERSION = 3
 ENV_VAR = "GDN_AOT_ARTIFACTS"
 
 # Triton targets arch-specific sm_90a / sm_100a: such cubins run on exactly that capability (an sm_100a cubin
@@ -56,10 +58,15 @@ def find_root(path=None) -> Path:
     """Artifact root: explicit path > $GDN_AOT_ARTIFACTS > package data gdn_aot/artifacts > ./artifacts.
 
     An explicit path or the environment variable, when given, must hold artifacts (no silent fallthrough)."""
+    return locate_root(path)[1]
+
+
+def locate_root(path=None) -> tuple[str, Path]:
+    """find_root's answer with where it came from: (origin as in candidate_roots, root)."""
     tried = []
     for origin, root in candidate_roots(path):
         if _has_manifest(root):
-            return root
+            return origin, root
         tried.append(f"{root} ({origin})")
         if origin in ("argument", f"${ENV_VAR}"):
             break

@@ -3,6 +3,8 @@
     arts = Artifacts.for_device(q.device)                 # ArtifactSet for that GPU's arch (exact match)
     k = arts.pick("gdn_scan", dtype="bf16", varlen=True, transpose=False, BV=arts.choose_BV("gdn_scan", n * HV, sms))
     k.launch((n, HV, 128 // k.axes["BV"]), stream_ptr, q.data_ptr(), ..., scratch_ptr=scratch.data_ptr())
+    fwd = arts.forward("bf16", 128, 128, varlen=True, transpose=False)  # both kernels of a call: fwd.load() once,
+    fwd.launch(FORWARD_ARGS.pack(fwd.prepare.handle, fwd.scan_for(n * HV).handle, stream_ptr, ...))  # then 1 call
 
 The first launch of a Kernel on a device verifies the cubin's sha256 and loads its module in that device's primary
 context (once, under a lock). After that a launch is one dict-free ctypes call.
@@ -12,10 +14,11 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import struct
 import threading
 from pathlib import Path
 
-from gdn_aot.loader.artifacts import ENV_VAR, LAUNCHER_ABI_VERSION, Manifest, arch_for_capability, find_root
+from gdn_aot.loader.artifacts import ENV_VAR, LAUNCHER_ABI_VERSION, Manifest, arch_for_capability, locate_root
 from gdn_aot.loader.errors import CorruptArtifact, DriverError, DriverTooOld, VariantNotBuilt
 
 CUDA_ERROR_NO_BINARY_FOR_GPU = 209
@@ -27,11 +30,44 @@ _CTYPES = {"c_uint64": ctypes.c_uint64, "c_int64": ctypes.c_int64, "c_int32": ct
            "c_uint32": ctypes.c_uint32, "c_float": ctypes.c_float, "c_double": ctypes.c_double}
 
 
+WORKSPACE_ALIGN = 256  # every region of the forward's workspace starts on this boundary (gdn_aot_forward_plan)
+# gdn_aot_forward_args_t (gdn_aot_launch.h) field by field: (name, struct code, C type, comment). All are 8 bytes
+# wide, so the C struct has no padding; the build renders it from this list and the loader packs it with FORWARD_ARGS.
+FORWARD_ARG_FIELDS = (
+    ("prepare", "Q", "const gdn_aot_kernel_t *", "the loaded gdn_prepare variant"),
+    ("scan", "Q", "const gdn_aot_kernel_t *", "the loaded gdn_scan variant"),
+    ("stream", "Q", "CUstream", None),
+    *((n, "Q", "CUdeviceptr", None) for n in ("q", "k", "v", "g", "beta", "cu_seqlens", "h0", "ht", "state_indices",
+                                              "o")),
+    ("workspace", "Q", "CUdeviceptr", "GDN_AOT_WORKSPACE_ALIGN-byte aligned"),
+    ("workspace_bytes", "Q", "uint64_t", "its size: at least the plan's workspace_bytes"),
+    ("B", "q", "int64_t", "q is [B, T, H, K]"),
+    ("T", "q", "int64_t", None),
+    ("num_seqs", "q", "int64_t", "N: cu_seqlens has N + 1 entries (or N = B)"),
+    *((n, "q", "int64_t", None) for n in ("H", "HV", "K", "V")),
+    ("BT", "q", "int64_t", "the variants' chunk length (kernels.tsv column BT)"),
+    ("BV", "q", "int64_t", "the gdn_scan variant's V tile (kernels.tsv column BV)"),
+    ("elt", "q", "int64_t", "bytes per q/k/v element: 2"),
+    ("prepare_flags", "q", "int64_t", "GDN_AOT_PREPARE_* bits"),
+    ("scan_flags", "q", "int64_t", "GDN_AOT_SCAN_* bits"),
+    ("scale", "d", "double", "passed to gdn_scan as float"),
+)
+FORWARD_ARGS = struct.Struct("=" + "".join(f[1] for f in FORWARD_ARG_FIELDS))
+
+
 class KernelStruct(ctypes.Structure):
     """Mirror of gdn_aot_kernel_t (gdn_aot_launch.h); its size is checked against the library's."""
 
     _fields_ = [("module", ctypes.c_void_p), ("function", ctypes.c_void_p), ("num_warps", ctypes.c_uint),
                 ("shared", ctypes.c_uint), ("scratch_size", ctypes.c_uint)]
+
+
+class ForwardPlan(ctypes.Structure):
+    """Mirror of gdn_aot_forward_plan_t (gdn_aot_launch.h)."""
+
+    _fields_ = [("prepare_grid", ctypes.c_uint * 3), ("scan_grid", ctypes.c_uint * 3), ("T_arg", ctypes.c_int32),
+                *((n, ctypes.c_uint64) for n in ("w", "u", "gam", "qg", "kg", "scratch", "scratch_bytes",
+                                                 "workspace_bytes"))]
 
 
 class Launcher:
@@ -59,6 +95,21 @@ class Launcher:
         if lib.gdn_aot_kernel_struct_size() != ctypes.sizeof(KernelStruct):
             raise CorruptArtifact(f"{path}: gdn_aot_kernel_t is {lib.gdn_aot_kernel_struct_size()} bytes, the "
                                   f"loader's mirror {ctypes.sizeof(KernelStruct)}")
+        # gdn_aot_forward (built when the spec has both kernels) and its helpers take one argument, the packed
+        # FORWARD_ARGS as bytes (ctypes passes a pointer to their buffer; the C side copies the struct out)
+        self.forward = getattr(lib, "gdn_aot_forward", None)
+        if self.forward is not None:
+            lib.gdn_aot_forward_args_size.restype = ctypes.c_uint
+            if lib.gdn_aot_forward_args_size() != FORWARD_ARGS.size:
+                raise CorruptArtifact(f"{path}: gdn_aot_forward_args_t is {lib.gdn_aot_forward_args_size()} bytes, "
+                                      f"the loader packs {FORWARD_ARGS.size}")
+            self.forward.restype = ctypes.c_int
+            self.forward.argtypes = [ctypes.c_char_p]
+            self.workspace_bytes = lib.gdn_aot_forward_workspace_bytes
+            self.workspace_bytes.restype = ctypes.c_int64
+            self.workspace_bytes.argtypes = [ctypes.c_char_p]
+            lib.gdn_aot_forward_plan.restype = ctypes.c_int
+            lib.gdn_aot_forward_plan.argtypes = [ctypes.c_char_p, ctypes.POINTER(ForwardPlan)]
         self.lib = lib
         self._initialized = False
 
@@ -79,6 +130,14 @@ class Launcher:
             if r:
                 raise DriverError(f"gdn_aot_init failed: CUresult {r} ({self.error_string(r)})", r)
             self._initialized = True
+
+    def plan(self, args: bytes) -> ForwardPlan:
+        """gdn_aot_forward_plan of packed FORWARD_ARGS: grids and workspace layout (no driver needed)."""
+        plan = ForwardPlan()
+        r = self.lib.gdn_aot_forward_plan(args, ctypes.byref(plan))
+        if r:
+            raise DriverError(f"gdn_aot_forward_plan refused the arguments: CUresult {r} ({self.error_string(r)})", r)
+        return plan
 
     def function(self, kernel: str, params: list[dict]):
         """The family's launch function with argtypes from the manifest's param list."""
@@ -107,10 +166,12 @@ class Kernel:
         self.scratch_align = entry["global_scratch_align"]
         self.grid_rule = entry["grid"]
         self.params = entry["params"]
+        self.BT, self.BV = self.axes["BT"], self.axes["BV"]
         self._lock = threading.Lock()
         self._struct: KernelStruct | None = None
         self._ref = None
         self._fn = None
+        self.handle = 0  # the address of the loaded gdn_aot_kernel_t (0: not loaded), for gdn_aot_forward
 
     def __repr__(self):
         return f"Kernel({self.key!r}, device={self.device_index})"
@@ -137,6 +198,7 @@ class Kernel:
             self._fn = launcher.function(self.name, self.params)
             self._ref = ctypes.byref(struct)
             self._struct = struct
+            self.handle = ctypes.addressof(struct)
 
     def _load_in_torch_context(self, launcher, args) -> int:
         import torch
@@ -172,6 +234,70 @@ class Kernel:
             if self._struct is not None:
                 Launcher.open(self.manifest.launcher_path()).lib.gdn_aot_kernel_unload(self._ref)
                 self._struct = self._ref = self._fn = None
+                self.handle = 0
+
+
+class Forward:
+    """The two launches of one forward configuration on one device: gdn_prepare and the gdn_scan variant the spec's
+    dispatch picks for the batch (scan_for), run by the launcher's gdn_aot_forward, which computes the grids and
+    carves the workspace, from packed FORWARD_ARGS: with load() done, a call is one ctypes call of one argument."""
+
+    def __init__(self, arts: "ArtifactSet", dtype: str, K: int, V: int, varlen: bool, transpose: bool,
+                 sm_count: int):
+        self.prepare = arts.pick("gdn_prepare", dtype=dtype, K=K, V=V, varlen=varlen)
+        self.small_below = arts.small_batch_programs("gdn_scan", sm_count)
+
+        def scan(programs):
+            return arts.pick("gdn_scan", dtype=dtype, K=K, V=V, varlen=varlen, transpose=transpose,
+                             BV=arts.choose_BV("gdn_scan", programs, sm_count))
+        self.scan_large = scan(self.small_below)
+        self.scan_small = scan(0) if self.small_below else self.scan_large
+        self.manifest, self.device_index, self.BT = arts.manifest, arts.device_index, self.prepare.BT
+        self.V, self.varlen = V, varlen
+        self.elt = {"bf16": 2, "fp16": 2}[dtype]  # bytes per q, k, v element
+        self.row_bytes = (K + V) * self.elt + 3 * 4  # workspace bytes per row and value head: w, u; gam, qg, kg
+        self.padding = 6 * (WORKSPACE_ALIGN - 1)
+        self.launcher: Launcher | None = None  # set by load()
+
+    def scan_for(self, programs: int) -> Kernel:
+        """The gdn_scan variant for num_seqs * HV programs (ArtifactSet.choose_BV's rule)."""
+        return self.scan_small if programs < self.small_below else self.scan_large
+
+    def load(self) -> None:
+        """Load the kernels on the device (in its primary context, whatever device is current) and bind the
+        launcher's forward entry points; idempotent."""
+        import torch
+
+        with torch.cuda.device(self.device_index):
+            for kernel in (self.prepare, self.scan_small, self.scan_large):
+                kernel.load()
+        launcher = Launcher.open(self.manifest.launcher_path())
+        if launcher.forward is None:
+            raise CorruptArtifact(f"{launcher.path} has no gdn_aot_forward (built from a spec without both "
+                                  f"gdn_prepare and gdn_scan?); rebuild with {self.manifest.build_command()}")
+        self.launcher = launcher
+
+    def workspace_bytes(self, scan: Kernel, B: int, T: int, num_seqs: int, H: int, HV: int) -> int:
+        """Enough workspace for the call: the regions of gdn_aot_forward_plan (w, u, gam, qg, kg, scratch) each
+        padded to the full WORKSPACE_ALIGN (at most 6 * 255 bytes more than the plan's exact workspace_bytes,
+        which gdn_aot_forward checks it against; tests/test_abi.py compares the two)."""
+        rows = B * T
+        slots = rows // self.BT + num_seqs if self.varlen else num_seqs * -(-T // self.BT)  # gdn_prepare's grid x
+        scratch = max(self.prepare.scratch_size * slots * H, scan.scratch_size * num_seqs * HV * (self.V // scan.BV))
+        return rows * HV * self.row_bytes + scratch + self.padding
+
+    def launch(self, args: bytes) -> None:
+        """gdn_prepare then gdn_scan with packed FORWARD_ARGS, in the current context (the device's)."""
+        r = self.launcher.forward(args)
+        if r:
+            self.failed(r, args)
+
+    def failed(self, r: int, args: bytes):
+        """Raise the DriverError of a gdn_aot_forward that returned r, with its arguments."""
+        keys = {k.handle: k.key for k in (self.prepare, self.scan_small, self.scan_large) if k.handle}
+        values = ", ".join(f"{f[0]}={keys.get(x, x) if i < 2 else x}"
+                           for i, (f, x) in enumerate(zip(FORWARD_ARG_FIELDS, FORWARD_ARGS.unpack(args))))
+        raise DriverError(f"gdn_aot_forward failed: CUresult {r} ({self.launcher.error_string(r)}); {values}", r)
 
 
 class ArtifactSet:
@@ -183,6 +309,7 @@ class ArtifactSet:
         self.device_index = device_index
         self._kernels: dict[str, Kernel] = {}
         self._picked: dict[tuple, Kernel] = {}
+        self._forwards: dict[tuple, Forward] = {}
         self._lock = threading.Lock()
 
     def __repr__(self):
@@ -210,13 +337,33 @@ class ArtifactSet:
     def dispatch(self, kernel: str) -> dict:
         return self.manifest.dispatch.get(kernel, {})
 
+    def small_batch_programs(self, kernel: str, sm_count: int) -> int:
+        """Below this many programs the spec's small_batch_BV applies: small_batch_factor * SMs (0: no such rule)."""
+        d = self.dispatch(kernel)
+        return d.get("small_batch_factor", 2) * sm_count if "small_batch_BV" in d else 0
+
     def choose_BV(self, kernel: str, programs: int, sm_count: int) -> int | None:
         """The spec's preference: small_batch_BV when programs (num_seqs * HV) < small_batch_factor * SMs,
         else default_BV; None when the spec says nothing (pick() then takes any built BV)."""
-        d = self.dispatch(kernel)
-        if "small_batch_BV" in d and programs < d.get("small_batch_factor", 2) * sm_count:
-            return d["small_batch_BV"]
-        return d.get("default_BV")
+        if programs < self.small_batch_programs(kernel, sm_count):
+            return self.dispatch(kernel)["small_batch_BV"]
+        return self.dispatch(kernel).get("default_BV")
+
+    def forward(self, dtype: str, K: int, V: int, varlen: bool, transpose: bool,
+                sm_count: int | None = None) -> Forward:
+        """The Forward of this configuration, made once per configuration and device. sm_count (for the BV rule)
+        defaults to the device's."""
+        key = (dtype, K, V, varlen, transpose)
+        f = self._forwards.get(key)
+        if f is None:
+            if sm_count is None:
+                import torch
+
+                sm_count = torch.cuda.get_device_properties(self.device_index).multi_processor_count
+            f = Forward(self, dtype, K, V, varlen, transpose, sm_count)
+            with self._lock:
+                f = self._forwards.setdefault(key, f)
+        return f
 
     def pick(self, kernel: str, *, dtype: str, K: int | None = None, V: int | None = None, varlen: bool = False,
              transpose: bool = False, BV: int | None = None, BT: int | None = None,
@@ -266,23 +413,30 @@ class Artifacts:
     def for_device(cls, device=None, capability=None, root=None) -> ArtifactSet:
         """ArtifactSet of the device's arch. `capability` (major, minor) overrides the query (tests fake
         devices with it); without it torch.cuda reports the device's capability. A repeated request is a
-        dict lookup (no capability query, no file system search): this is on every forward's path."""
-        index = _device_index(device)
-        request = (None if root is None else str(root), os.environ.get(ENV_VAR), os.getcwd(), index,
-                   None if capability is None else tuple(capability))
-        s = cls._requests.get(request)
-        if s is None:
-            s = cls._requests[request] = cls._resolve(index, capability, root)
+        dict lookup (no capability query, no file system search): this is on every forward's path. It is
+        resolved again when what chose its root changed: $GDN_AOT_ARTIFACTS (without an explicit root), or the
+        working directory (when the root was its ./artifacts)."""
+        index = device if type(device) is int else _device_index(device)
+        request = (None if root is None else str(root), index, None if capability is None else tuple(capability))
+        hit = cls._requests.get(request)
+        if hit is not None:
+            s, env, cwd = hit
+            if (root is not None or _env_root() == env) and (cwd is None or cwd == os.getcwd()):
+                return s
+        env = None if root is not None else _env_root()
+        s, origin = cls._resolve(index, capability, root)
+        cls._requests[request] = (s, env, os.getcwd() if origin == "working directory" else None)
         return s
 
     @classmethod
-    def _resolve(cls, index: int, capability, root) -> ArtifactSet:
+    def _resolve(cls, index: int, capability, root) -> tuple[ArtifactSet, str]:
         if capability is None:
             import torch
 
             capability = torch.cuda.get_device_capability(index)
         arch = arch_for_capability(capability)
-        root_path = find_root(root).resolve()
+        origin, root_path = locate_root(root)
+        root_path = root_path.resolve()
         key = (str(root_path), arch, index)
         s = cls._sets.get(key)
         if s is None:
@@ -290,7 +444,7 @@ class Artifacts:
                 s = cls._sets.get(key)
                 if s is None:
                     s = cls._sets[key] = ArtifactSet(Manifest(root_path, arch), index)
-        return s
+        return s, origin
 
     @classmethod
     def clear(cls) -> None:
@@ -298,6 +452,17 @@ class Artifacts:
         with cls._lock:
             cls._sets.clear()
             cls._requests.clear()
+
+
+try:  # CPython's os.environ keeps its values in a dict of encoded keys: a lookup there costs ~0.05 us, not ~1 us
+    _ENV_DATA, _ENV_KEY = os.environ._data, os.environ.encodekey(ENV_VAR)
+except AttributeError:  # another implementation
+    _ENV_DATA = None
+
+
+def _env_root():
+    """$GDN_AOT_ARTIFACTS, as a value only compared with earlier ones (bytes on CPython)."""
+    return _ENV_DATA.get(_ENV_KEY) if _ENV_DATA is not None else os.environ.get(ENV_VAR)
 
 
 def _device_index(device) -> int:

@@ -93,7 +93,7 @@ def test_cpp_example_compiles_and_links(tiny_build, arch, tmp_path):
     tiny_build.require(arch, "gdn_scan")
     exe = compile_cpp_example(tiny_build, arch, tmp_path)
     nm = undefined_symbols(exe)
-    assert "gdn_aot_launch_gdn_prepare" in nm and "gdn_aot_launch_gdn_scan" in nm and "gdn_aot_driver" in nm
+    assert "gdn_aot_forward" in nm and "gdn_aot_forward_plan" in nm and "gdn_aot_driver" in nm
     assert " cu" not in nm and not any("cuda" in lib for lib in needed_libraries(exe))  # libcuda only via dlopen
     assert f"libgdn_aot_launch.so.{LAUNCHER_ABI_VERSION}" in needed_libraries(exe)
 
@@ -108,7 +108,7 @@ def _dry_run(exe, arch_dir, *args) -> dict:
 @pytest.mark.parametrize("transpose, l2norm", [(False, True), (True, False)])
 def test_cpp_example_picks_what_the_python_api_picks(tiny_build, tmp_path, arch, cap, transpose, l2norm):
     """--dry-run: the C++ helper's variants, grids and workspace size for a varlen batch, against the loader's
-    pick() and the workspace the Python API allocates (w, u bf16; gam fp32; rq, rk fp32 with l2norm; scratch)."""
+    pick() and the layout of the workspace the Python API allocates (w, u bf16; gam, qg, kg fp32; scratch)."""
     tiny_build.require(arch, "gdn_prepare")
     tiny_build.require(arch, "gdn_scan")
     exe = compile_cpp_example(tiny_build, arch, tmp_path)
@@ -122,12 +122,14 @@ def test_cpp_example_picks_what_the_python_api_picks(tiny_build, tmp_path, arch,
     scan = s.pick("gdn_scan", dtype="bf16", K=K, V=V, varlen=True, transpose=transpose, BV=BV)
     assert (got["prepare"], got["scan"]) == (prep.key, scan.key)
     rows, n = sum(lens), len(lens)
-    pgrid, sgrid = (rows // 64 + n, HV, 1), (n, HV, V // BV)
+    pgrid, sgrid = (rows // 64 + n, H, 1), (n, HV, V // BV)
     assert got["prepare_grid"] == " ".join(map(str, pgrid)) and got["scan_grid"] == " ".join(map(str, sgrid))
     a = lambda b: -(-b // 256) * 256  # noqa: E731  (each region 256-byte aligned)
-    want = (a(rows * HV * K * 2) + a(rows * HV * V * 2) + (3 if l2norm else 1) * a(rows * HV * 4)
+    want = (a(rows * HV * K * 2) + a(rows * HV * V * 2) + 3 * a(rows * HV * 4)
             + a(max(prep.scratch_bytes(pgrid), scan.scratch_bytes(sgrid))))
     assert int(got["workspace_bytes"]) == want
+    fwd = s.forward("bf16", K, V, True, transpose, sm_count=132)  # the Python API's allocation covers it
+    assert want <= fwd.workspace_bytes(scan, 1, rows, n, H, HV) <= want + 6 * 255
 
 
 def test_cpp_example_errors_are_clear(tiny_build, tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -62,7 +63,7 @@ def test_pick(tiny_build):
         assert s.pick("gdn_prepare", dtype="bf16", varlen=True, transpose=transpose, BV=bv).key == prep_key
     p = s.kernel(prep_key)
     assert [x["name"] for x in p.params][:6] == ["q", "k", "v", "g", "beta", "cu_seqlens"]
-    assert p.grid_rule.startswith("varlen: (T // BT + num_seqs, HV, 1)")
+    assert p.grid_rule.startswith("varlen: (T // BT + num_seqs, H, 1)")
     with pytest.raises(VariantNotBuilt, match="gdn_prepare"):  # tiny.yaml builds no fixed-length prepare
         s.pick("gdn_prepare", dtype="bf16", varlen=False)
 
@@ -73,6 +74,9 @@ def test_choose_bv(tiny_build):
     s.manifest.dispatch = {"gdn_scan": {"default_BV": 128, "small_batch_BV": 64, "small_batch_factor": 2}}
     assert s.choose_BV("gdn_scan", programs=32, sm_count=132) == 64
     assert s.choose_BV("gdn_scan", programs=1024, sm_count=132) == 128
+    s.manifest.dispatch["gdn_scan"]["small_batch_factor"] = 0.5  # specs/qwen35.yaml's sm_90a rule: SMs / 2
+    assert s.choose_BV("gdn_scan", programs=65, sm_count=132) == 64
+    assert s.choose_BV("gdn_scan", programs=66, sm_count=132) == 128
     assert s.choose_BV("gdn_prepare", programs=1, sm_count=132) is None
 
 
@@ -170,6 +174,9 @@ def test_launcher_library_opens_without_a_driver(tiny_build, arch):
     for kernel in KERNELS:
         assert hasattr(lib.lib, f"gdn_aot_launch_{kernel}")
     assert not hasattr(lib.lib, "gdn_aot_launch_gdn_l2norm")  # fused away in launcher ABI 2
+    for fn in ("gdn_aot_forward", "gdn_aot_forward_plan", "gdn_aot_forward_workspace_bytes"):  # added in ABI 3
+        assert hasattr(lib.lib, fn)
+    assert lib.forward is not None
     assert lib.path.name == f"libgdn_aot_launch.so.{LAUNCHER_ABI_VERSION}"
     if not os.path.exists("/dev/nvidiactl"):
         with pytest.raises(DriverError, match="gdn_aot_init failed"):
@@ -198,9 +205,11 @@ def test_loader_never_imports_triton(tiny_build, tmp_path):
 
 
 @pytest.mark.gpu
-def test_prepare_through_the_loader_on_gpu(tiny_build):
-    """gdn_prepare launched directly (ABI 2 argument list): chunk-local cumsum of g and, with PREPARE_L2NORM,
-    the inverse L2 norms of the q and k rows, one per (token, value head)."""
+@pytest.mark.parametrize("l2norm", [True, False])
+def test_prepare_through_the_loader_on_gpu(tiny_build, l2norm):
+    """gdn_prepare launched directly (ABI 3 argument list, one program per chunk slot and key head): gam = the
+    chunk-local cumsum of g, and per (token, value head) qg = gam + ln rq, kg = gam - ln rk, with rq, rk the inverse
+    L2 norms 1 / sqrt(sum x^2 + 1e-6) of the q and k rows under PREPARE_L2NORM, else 1 (qg = kg = gam)."""
     import torch
 
     tiny_build.require(arch_for_capability(torch.cuda.get_device_capability(0)), "gdn_prepare")
@@ -217,12 +226,12 @@ def test_prepare_through_the_loader_on_gpu(tiny_build):
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
     w = torch.empty(rows, HV, K, device="cuda", dtype=torch.bfloat16)
     u = torch.empty(rows, HV, V, device="cuda", dtype=torch.bfloat16)
-    gam, rq, rk = (torch.full((rows, HV), float("nan"), device="cuda") for _ in range(3))
-    grid = (rows // 64 + n, HV, 1)
+    gam, qg, kg = (torch.full((rows, HV), float("nan"), device="cuda") for _ in range(3))
+    grid = (rows // 64 + n, H, 1)
     scratch = torch.empty(max(kern.scratch_bytes(grid), 1), device="cuda", dtype=torch.uint8)
     kern.launch(grid, torch.cuda.current_stream().cuda_stream, q.data_ptr(), k.data_ptr(), v.data_ptr(),
                 g.data_ptr(), beta.data_ptr(), cu.data_ptr(), w.data_ptr(), u.data_ptr(), gam.data_ptr(),
-                rq.data_ptr(), rk.data_ptr(), rows, n, H, HV, PREPARE_L2NORM,
+                qg.data_ptr(), kg.data_ptr(), rows, n, H, HV, PREPARE_L2NORM if l2norm else 0,
                 scratch_ptr=scratch.data_ptr() if kern.scratch_size else 0)
     torch.cuda.synchronize()
     ref_gam = torch.empty_like(g)
@@ -231,10 +240,39 @@ def test_prepare_through_the_loader_on_gpu(tiny_build):
         for c in range(s0, s1, 64):
             ref_gam[c:min(c + 64, s1)] = g[c:min(c + 64, s1)].cumsum(0)
     torch.testing.assert_close(gam, ref_gam, atol=1e-4, rtol=1e-4)
-    for x, r in ((q, rq), (k, rk)):
-        ref = (1 / x.float().norm(dim=-1)).repeat_interleave(HV // H, dim=1)
-        torch.testing.assert_close(r, ref, atol=1e-5, rtol=1e-3)
+    for x, got, sign in ((q, qg, 1), (k, kg, -1)):
+        ln_r = -0.5 * torch.log(x.float().square().sum(-1) + 1e-6) if l2norm else torch.zeros(rows, H, device="cuda")
+        torch.testing.assert_close(got, ref_gam + sign * ln_r.repeat_interleave(HV // H, dim=1), atol=1e-4, rtol=1e-4)
     assert torch.isfinite(w.float()).all() and torch.isfinite(u.float()).all()
+
+
+def test_artifact_lookup_follows_env_and_working_directory(tiny_build, tmp_path, monkeypatch):
+    """for_device answers repeated requests from its cache, and resolves again when what chose the root changed:
+    $GDN_AOT_ARTIFACTS (ignored with an explicit root), or the working directory when the root was ./artifacts."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d in (a, b):  # two working directories whose ./artifacts is the tiny build
+        d.mkdir()
+        (d / "artifacts").symlink_to(tiny_build.out)
+    monkeypatch.delenv("GDN_AOT_ARTIFACTS", raising=False)
+    monkeypatch.chdir(a)
+    via_a = Artifacts.for_device(0, capability=(9, 0))
+    if via_a.manifest.root.resolve() != tiny_build.out.resolve():
+        pytest.skip("package data artifacts take precedence over ./artifacts in this install")
+    assert Artifacts.for_device(0, capability=(9, 0)) is via_a
+    monkeypatch.chdir(b)
+    assert Artifacts.for_device(0, capability=(9, 0)) is via_a  # looked again; same resolved root, same set
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ArtifactsNotFound):  # a working directory without artifacts
+        Artifacts.for_device(0, capability=(9, 0))
+    other = tmp_path / "other"
+    shutil.copytree(tiny_build.out, other, symlinks=True)
+    monkeypatch.setenv("GDN_AOT_ARTIFACTS", str(other))
+    via_env = Artifacts.for_device(0, capability=(9, 0))
+    assert via_env.manifest.root == other.resolve()
+    monkeypatch.setenv("GDN_AOT_ARTIFACTS", str(tmp_path / "missing"))
+    assert Artifacts.for_device(0, capability=(9, 0), root=other) is via_env  # an explicit root ignores the env
+    with pytest.raises(ArtifactsNotFound, match="GDN_AOT_ARTIFACTS"):
+        Artifacts.for_device(0, capability=(9, 0))
 
 
 def test_modules_are_per_device_and_created_once_under_threads(tiny_build):

@@ -57,6 +57,10 @@ def spec_error(tmp_path, text) -> SpecError:
     (BASE + "dispatch: {sm_90a: {gdn_scan: {default_BV: 32}}}\n", "dispatch.sm_90a.gdn_scan.default_BV", "32"),
     (BASE + "dispatch: {sm_90a: {gdn_scan: {best_BV: 64}}}\n", "dispatch.sm_90a.gdn_scan.best_BV", "best_BV"),
     (BASE + "dispatch: {sm_90a: {gdn_prepare: {default_BV: 64}}}\n", "dispatch.sm_90a.gdn_prepare", "gdn_prepare"),
+    (BASE + "dispatch: {sm_90a: {gdn_scan: {small_batch_factor: 0}}}\n",
+     "dispatch.sm_90a.gdn_scan.small_batch_factor", "0"),
+    (BASE + "dispatch: {sm_90a: {gdn_scan: {small_batch_factor: two}}}\n",
+     "dispatch.sm_90a.gdn_scan.small_batch_factor", "two"),
 ])
 def test_error_names_file_key_and_value(tmp_path, text, keypath, value):
     e = spec_error(tmp_path, text)
@@ -107,18 +111,18 @@ def test_invalid_yaml(tmp_path):
 
 def test_shipped_specs_enumerate():
     q = load_spec(REPO / "specs" / "qwen35.yaml")
-    # prepare: dtype x varlen; scan: dtype x varlen x transpose x (BV, warps): sm_90a BV 32/w4, 64/w4, 64/w8,
-    # 128/w8; sm_100a BV 64/w4, 128/w4
-    per_arch = {"sm_90a": {"gdn_prepare": 4, "gdn_scan": 32}, "sm_100a": {"gdn_prepare": 4, "gdn_scan": 16}}
+    # prepare: dtype x varlen; scan: dtype x varlen x transpose x (BV, warps): sm_90a BV 32/w4, 64/w4, 128/w8;
+    # sm_100a BV 64/w4, 128/w4
+    per_arch = {"sm_90a": {"gdn_prepare": 4, "gdn_scan": 24}, "sm_100a": {"gdn_prepare": 4, "gdn_scan": 16}}
     for arch, counts in per_arch.items():
         vs = q.for_arch(arch)
         assert {v.kernel for v in vs} == set(counts) == set(KERNELS)  # no gdn_l2norm: fused into both
         assert {k: sum(v.kernel == k for v in vs) for k in counts} == counts
         assert all(v.K == 128 and v.V == 128 and v.num_warps in (4, 8) for v in vs)
     assert {(v.BV, v.num_warps) for v in q.for_arch("sm_90a") if v.kernel == "gdn_scan"} == {
-        (32, 4), (64, 4), (64, 8), (128, 8)}
+        (32, 4), (64, 4), (128, 8)}
     assert {v.BV for v in q.for_arch("sm_100a") if v.kernel == "gdn_scan"} == {64, 128}
-    assert len(q.variants) == 56 and len({v.key for v in q.variants}) == 56
+    assert len(q.variants) == 48 and len({v.key for v in q.variants}) == 48
     t = load_spec("tiny")  # a shipped spec by name
     assert len(t.variants) == 6
     assert {v.kernel for v in t.variants} == set(KERNELS)
@@ -127,6 +131,7 @@ def test_shipped_specs_enumerate():
     prep = [v for v in q.variants if v.kernel == "gdn_prepare"]  # BV and transpose unused: their defaults
     assert all(v.BT == 64 and v.BK == 128 and v.BV == 128 and not v.transpose and v.num_warps == 4 for v in prep)
     assert {(v.dtype, v.varlen) for v in prep} == {(d, vl) for d in ("bf16", "fp16") for vl in (True, False)}
+    assert q.dispatch["sm_90a"]["gdn_scan"]["small_batch_factor"] == 0.5  # a fraction of the SMs is allowed
     for arch in ("sm_90a", "sm_100a"):
         d = q.dispatch[arch]["gdn_scan"]
         assert {d["default_BV"], d["small_batch_BV"]} <= {v.BV for v in q.for_arch(arch) if v.kernel == "gdn_scan"}

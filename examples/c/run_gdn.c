@@ -2,10 +2,11 @@
  *
  * Finds the bf16 varlen gdn_prepare variant in ARTIFACTS/<arch>/kernels.tsv (columns read by the names in its
  * '#' header), loads its cubin with gdn_aot_kernel_load, launches it through gdn_aot_launch_gdn_prepare on a
- * packed batch of 3 sequences (70, 1 and 130 tokens) with flags = PREPARE_L2NORM, and checks two of its outputs
- * on the host: gam (the cumulative sum of g inside each 64-token chunk of each sequence) and rq, rk (the
- * inverse L2 norms of the q and k rows, one per token and value head). The driver is reached only through
- * the launcher (gdn_aot_driver()), which dlopens libcuda.so.1. examples/cpp/ runs a whole forward.
+ * packed batch of 3 sequences (70, 1 and 130 tokens) with flags = GDN_AOT_PREPARE_L2NORM, and checks three of its
+ * outputs on the host, per token and value head: gam (the cumulative sum of g inside each 64-token chunk of each
+ * sequence), qg = gam + ln rq and kg = gam - ln rk, where rq, rk = 1 / sqrt(sum x^2 + 1e-6) are the inverse L2
+ * norms of the q and k rows. The driver is reached only through the launcher (gdn_aot_driver()), which dlopens
+ * libcuda.so.1. examples/cpp/ runs a whole forward.
  *
  * Build (cuda.h ships in the triton wheel: triton/backends/nvidia/include):
  *   L=artifacts/sm_90a/launcher
@@ -25,7 +26,6 @@
 #define KD 128
 #define VD 128
 #define NSEQ 3
-#define PREPARE_L2NORM 1 /* gdn_aot.kernels.PREPARE_L2NORM */
 
 #define CHECK(call)                                                                              \
     do {                                                                                         \
@@ -168,8 +168,9 @@ int main(int argc, char **argv) {
     /* host inputs: q, k [rows, H, K] and v [rows, HV, V] bf16; g (<= 0), beta [rows, HV] fp32 */
     size_t nqk = (size_t)rows * H * KD, nv = (size_t)rows * HV * VD, ng = (size_t)rows * HV;
     uint16_t *hq = malloc(nqk * 2), *hk = malloc(nqk * 2), *hv = malloc(nv * 2);
-    float *hg = malloc(ng * 4), *hb = malloc(ng * 4), *gam = malloc(ng * 4), *rq = malloc(ng * 4),
-          *rk = malloc(ng * 4);
+    float *hg = malloc(ng * 4), *hb = malloc(ng * 4), *gam = malloc(ng * 4), *qg = malloc(ng * 4),
+          *kg = malloc(ng * 4);
+    double *ref_gam = malloc(ng * sizeof(double));
     uint32_t seed = 12345;
     for (size_t i = 0; i < nqk; i++) hq[i] = to_bf16(noise(&seed));
     for (size_t i = 0; i < nqk; i++) hk[i] = to_bf16(noise(&seed));
@@ -177,7 +178,7 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < ng; i++) hg[i] = -0.5f * (noise(&seed) + 1.0f);
     for (size_t i = 0; i < ng; i++) hb[i] = 0.5f * (noise(&seed) + 1.0f);
 
-    CUdeviceptr q, k, v, g, beta, dcu, w, u, dgam, drq, drk, scratch = 0;
+    CUdeviceptr q, k, v, g, beta, dcu, w, u, dgam, dqg, dkg, scratch = 0;
     CHECK(d->MemAlloc(&q, nqk * 2));
     CHECK(d->MemAlloc(&k, nqk * 2));
     CHECK(d->MemAlloc(&v, nv * 2));
@@ -187,8 +188,8 @@ int main(int argc, char **argv) {
     CHECK(d->MemAlloc(&w, (size_t)rows * HV * KD * 2));
     CHECK(d->MemAlloc(&u, nv * 2));
     CHECK(d->MemAlloc(&dgam, ng * 4));
-    CHECK(d->MemAlloc(&drq, ng * 4));
-    CHECK(d->MemAlloc(&drk, ng * 4));
+    CHECK(d->MemAlloc(&dqg, ng * 4));
+    CHECK(d->MemAlloc(&dkg, ng * 4));
     CHECK(d->MemcpyHtoD(q, hq, nqk * 2));
     CHECK(d->MemcpyHtoD(k, hk, nqk * 2));
     CHECK(d->MemcpyHtoD(v, hv, nv * 2));
@@ -196,51 +197,57 @@ int main(int argc, char **argv) {
     CHECK(d->MemcpyHtoD(beta, hb, ng * 4));
     CHECK(d->MemcpyHtoD(dcu, cu, sizeof cu));
 
-    /* varlen grid: one program per (64-token chunk slot, value head); rows / 64 + N slots bound the chunks */
-    unsigned gx = (unsigned)(rows / 64 + NSEQ), gy = HV, gz = 1;
+    /* varlen grid: one program per (64-token chunk slot, key head), serving that key head's HV / H value heads;
+     * rows / 64 + N slots bound the chunks */
+    unsigned gx = (unsigned)(rows / 64 + NSEQ), gy = H, gz = 1;
     if (kern.scratch_size) CHECK(d->MemAlloc(&scratch, (size_t)kern.scratch_size * gx * gy * gz));
-    CHECK(gdn_aot_launch_gdn_prepare(&kern, NULL, gx, gy, gz, q, k, v, g, beta, dcu, w, u, dgam, drq, drk,
-                                     rows /* T = rows (varlen) */, NSEQ, H, HV, PREPARE_L2NORM, scratch));
+    CHECK(gdn_aot_launch_gdn_prepare(&kern, NULL, gx, gy, gz, q, k, v, g, beta, dcu, w, u, dgam, dqg, dkg,
+                                     rows /* T = rows (varlen) */, NSEQ, H, HV, GDN_AOT_PREPARE_L2NORM, scratch));
     CHECK(d->CtxSynchronize());
     CHECK(d->MemcpyDtoH(gam, dgam, ng * 4));
-    CHECK(d->MemcpyDtoH(rq, drq, ng * 4));
-    CHECK(d->MemcpyDtoH(rk, drk, ng * 4));
+    CHECK(d->MemcpyDtoH(qg, dqg, ng * 4));
+    CHECK(d->MemcpyDtoH(kg, dkg, ng * 4));
 
-    double worst_gam = 0, worst_norm = 0;
+    /* gam on the host: chunks restart at every sequence start */
+    double worst_gam = 0, worst_qk = 0;
     for (int s = 0; s < NSEQ; s++)
         for (int h = 0; h < HV; h++) {
             double acc = 0;
             for (int t = cu[s]; t < cu[s + 1]; t++) {
-                if ((t - cu[s]) % 64 == 0) acc = 0; /* chunks restart at every sequence start */
+                if ((t - cu[s]) % 64 == 0) acc = 0;
                 acc += hg[(size_t)t * HV + h];
+                ref_gam[(size_t)t * HV + h] = acc;
                 double e = fabs(gam[(size_t)t * HV + h] - acc) / (1.0 + fabs(acc));
                 if (e > worst_gam || isnan(e)) worst_gam = e;
             }
         }
+    /* qg = gam + ln rq, kg = gam - ln rk, rq and rk from the bf16 rows of the value head's key head */
     for (int t = 0; t < rows; t++)
         for (int h = 0; h < HV; h++) {
             const uint16_t *src[2] = {hq, hk};
-            const float *got[2] = {rq, rk};
+            const float *got[2] = {qg, kg};
             for (int which = 0; which < 2; which++) {
                 const uint16_t *x = src[which] + ((size_t)t * H + h / (HV / H)) * KD;
                 double ss = 0;
                 for (int c = 0; c < KD; c++) ss += (double)from_bf16(x[c]) * from_bf16(x[c]);
-                double want = 1.0 / sqrt(ss), e = fabs(got[which][(size_t)t * HV + h] - want) / want;
-                if (e > worst_norm || isnan(e)) worst_norm = e;
+                double ln_r = -0.5 * log(ss + 1e-6), base = ref_gam[(size_t)t * HV + h];
+                double want = which == 0 ? base + ln_r : base - ln_r;
+                double e = fabs(got[which][(size_t)t * HV + h] - want) / (1.0 + fabs(want));
+                if (e > worst_qk || isnan(e)) worst_qk = e;
             }
         }
-    printf("%s: %d rows in %d sequences, worst gam error %.3g, worst 1/|q|, 1/|k| relative error %.3g\n", row.key,
-           rows, NSEQ, worst_gam, worst_norm);
+    printf("%s: %d rows in %d sequences, worst gam error %.3g, worst qg / kg error %.3g\n", row.key, rows, NSEQ,
+           worst_gam, worst_qk);
 
     CHECK(gdn_aot_kernel_unload(&kern));
-    CUdeviceptr bufs[] = {q, k, v, g, beta, dcu, w, u, dgam, drq, drk, scratch};
+    CUdeviceptr bufs[] = {q, k, v, g, beta, dcu, w, u, dgam, dqg, dkg, scratch};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) d->MemFree(bufs[i]);
     d->DevicePrimaryCtxRelease(dev);
-    void *host[] = {hq, hk, hv, hg, hb, gam, rq, rk, image};
+    void *host[] = {hq, hk, hv, hg, hb, gam, qg, kg, ref_gam, image};
     for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
-    if (!(worst_gam <= 1e-4) || !(worst_norm <= 1e-3)) {
-        fprintf(stderr, "FAILED: gam or the inverse norms do not match the host computation\n");
+    if (!(worst_gam <= 1e-4) || !(worst_qk <= 1e-3)) {
+        fprintf(stderr, "FAILED: gam, qg or kg do not match the host computation\n");
         return 1;
     }
     printf("ok\n");

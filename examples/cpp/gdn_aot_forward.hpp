@@ -2,14 +2,15 @@
 //
 // Reads an artifact directory (ARTIFACTS/<arch>: kernels.tsv, cubins/, launcher/), picks the gdn_prepare and
 // gdn_scan variants, loads them through the generated launcher (gdn_aot_launch.h, libgdn_aot_launch.so.<ABI>)
-// and runs the two launches gdn_aot.chunk_gated_delta_rule makes, with the same arguments, grids and flags.
+// and runs the forward gdn_aot.chunk_gated_delta_rule runs: the launcher's gdn_aot_forward (both launches, the
+// grids and the workspace layout computed in C), with the same arguments and flags.
 // Needs only libcuda at run time, and only through the launcher (it dlopens libcuda.so.1).
 //
 //   gdn_aot::ArtifactDir dir("artifacts/sm_90a");
 //   gdn_aot::Forward fwd(dir, "bf16", /*K=*/128, /*V=*/128, /*varlen=*/true, /*transpose=*/false, /*BV=*/64);
 //                                                       // (loads both kernels into the current context)
 //   gdn_aot::Shape shape = gdn_aot::Shape::packed(rows, num_seqs, H, HV, 128, 128);
-//   size_t bytes = fwd.workspace_bytes(shape, /*l2norm=*/true);  // allocate once, reuse for calls of that size
+//   size_t bytes = fwd.workspace_bytes(shape);          // allocate once, reuse for calls of that size
 //   CUresult r = gdn_aot::gdn_forward(fwd, shape, tensors, options, workspace, bytes, stream);
 //
 // Tensors (device pointers, contiguous, the layouts of the Python API with B*T = rows):
@@ -17,7 +18,7 @@
 //   cu_seqlens [N + 1] int32 (varlen; 0 for fixed-length batches); h0 / ht fp32 [N, HV, K, V] ([N, HV, V, K]
 //   with transpose) or 0; state_indices [N] int32 or 0 (h0 is then a state pool [slots, HV, ...], sequence n
 //   reads slot state_indices[n], -1 = zero state; pass ht = h0 to update the pool in place).
-// The workspace (w, u, gam, rq, rk and the kernels' global scratch) holds nothing between calls.
+// The workspace (w, u, gam, qg, kg and the kernels' global scratch) holds nothing between calls.
 // Loaded kernels belong to the context current when the Forward was made: make it current before gdn_forward.
 #pragma once
 
@@ -39,14 +40,6 @@
 
 namespace gdn_aot {
 
-// bits of the kernels' `flags` argument (gdn_aot.kernels)
-constexpr int32_t PREPARE_L2NORM = 1;   // gdn_prepare: normalise k, write rq and rk
-constexpr int32_t SCAN_HAS_H0 = 1;      // gdn_scan: read the initial state
-constexpr int32_t SCAN_STORE_HT = 2;    // gdn_scan: write the final state
-constexpr int32_t SCAN_USE_INDICES = 4; // gdn_scan: state slot = state_indices[sequence]
-constexpr int32_t SCAN_L2NORM = 8;      // gdn_scan: scale q and k rows by rq and rk
-constexpr size_t ALIGN = 256;           // every workspace region starts on this boundary
-
 class Error : public std::runtime_error {
   public:
     explicit Error(const std::string &what, CUresult code = CUDA_SUCCESS) : std::runtime_error(what), code(code) {}
@@ -58,8 +51,6 @@ inline void check(CUresult r, const std::string &what) {
         throw Error(what + ": CUresult " + std::to_string(static_cast<int>(r)) + " (" + gdn_aot_error_string(r) + ")",
                     r);
 }
-
-inline size_t align_up(size_t n) { return (n + ALIGN - 1) / ALIGN * ALIGN; }
 
 // One line of kernels.tsv: a built variant.
 struct Variant {
@@ -178,13 +169,19 @@ struct Options {
     bool l2norm = true;  // use_qk_l2norm_in_kernel
 };
 
-// A loaded kernel (one module in the context current at construction), unloaded on destruction.
+// A kernel handle: loaded (one module in the context current at construction, unloaded on destruction), or, for
+// planning without a GPU, only the variant's numbers (Kernel::unloaded).
 class Kernel {
   public:
     Kernel(const ArtifactDir &dir, const Variant &v) : variant_(v) {
         std::vector<char> image = dir.read_cubin(v);
         check(gdn_aot_kernel_load(&k_, image.data(), v.entry.c_str(), v.num_warps, v.shared, v.scratch_size),
               "loading " + v.key);
+    }
+    static gdn_aot_kernel_t unloaded(const Variant &v) {
+        gdn_aot_kernel_t k{};
+        k.num_warps = v.num_warps, k.shared = v.shared, k.scratch_size = v.scratch_size;
+        return k;
     }
     ~Kernel() { gdn_aot_kernel_unload(&k_); }
     Kernel(const Kernel &) = delete;
@@ -198,13 +195,26 @@ class Kernel {
     gdn_aot_kernel_t k_{};
 };
 
-// Where each buffer lives in the workspace, and the grids, for one shape.
-struct Plan {
-    unsigned prepare_grid[3] = {0, 0, 0}, scan_grid[3] = {0, 0, 0};
-    size_t w = 0, u = 0, gam = 0, rq = 0, rk = 0, scratch = 0;  // byte offsets (rq, rk: only with l2norm)
-    size_t scratch_bytes = 0, total = 0;
-    int32_t T_arg = 0;  // gdn_prepare / gdn_scan `T`: rows for varlen, the sequence length for fixed batches
-};
+// Grids and workspace layout of one call (gdn_aot_forward_plan): prepare_grid, scan_grid, T_arg, the byte offsets
+// w, u, gam, qg, kg, scratch, and workspace_bytes.
+using Plan = gdn_aot_forward_plan_t;
+
+// The arguments of gdn_aot_forward for a shape (tensors, workspace and stream left 0).
+inline gdn_aot_forward_args_t forward_args(const gdn_aot_kernel_t *prepare, const gdn_aot_kernel_t *scan,
+                                           const Variant &scan_variant, const Shape &s) {
+    gdn_aot_forward_args_t a{};
+    a.prepare = prepare, a.scan = scan;
+    a.B = s.B, a.T = s.T, a.num_seqs = s.num_seqs, a.H = s.H, a.HV = s.HV, a.K = s.K, a.V = s.V;
+    a.BT = scan_variant.BT, a.BV = scan_variant.BV, a.elt = 2;
+    a.cu_seqlens = s.varlen ? 1 : 0;  // planning reads only whether it is set
+    return a;
+}
+
+inline Plan plan_of(const gdn_aot_forward_args_t &a) {
+    Plan p{};
+    check(gdn_aot_forward_plan(&a, &p), "gdn_aot_forward_plan");
+    return p;
+}
 
 // The gdn_prepare and gdn_scan variants of one forward configuration (nothing loaded: no driver needed).
 struct Selection {
@@ -216,37 +226,10 @@ struct Selection {
                          dir.pick("gdn_scan", dtype, K, V, varlen, transpose ? 1 : 0, BV)};
     }
 
-    // l2norm: rq and rk exist only with use_qk_l2norm_in_kernel (as in the Python API)
-    Plan plan(const Shape &s, bool l2norm = true) const {
-        Plan p;
-        const size_t rows = static_cast<size_t>(s.rows()), hv_rows = rows * static_cast<size_t>(s.HV), elt = 2;
-        const unsigned BT = static_cast<unsigned>(prepare.BT);
-        const unsigned N = static_cast<unsigned>(s.num_seqs), T = static_cast<unsigned>(s.T);
-        const unsigned slots = s.varlen ? static_cast<unsigned>(rows / BT) + N : N * ((T + BT - 1) / BT);
-        p.prepare_grid[0] = slots, p.prepare_grid[1] = s.HV, p.prepare_grid[2] = 1;
-        p.scan_grid[0] = s.num_seqs, p.scan_grid[1] = s.HV, p.scan_grid[2] = s.V / scan.BV;
-        p.T_arg = s.varlen ? static_cast<int32_t>(rows) : s.T;
-        size_t off = 0;
-        auto take = [&off](size_t bytes) {
-            size_t at = off;
-            off += align_up(bytes);
-            return at;
-        };
-        p.w = take(hv_rows * s.K * elt);  // [rows, HV, K] in the input dtype (bf16 / fp16)
-        p.u = take(hv_rows * s.V * elt);  // [rows, HV, V]
-        p.gam = take(hv_rows * 4);        // [rows, HV] fp32 each
-        p.rq = l2norm ? take(hv_rows * 4) : 0;
-        p.rk = l2norm ? take(hv_rows * 4) : 0;
-        // the two launches run one after the other on one stream, so they share one scratch region
-        p.scratch_bytes = std::max(scratch(prepare, p.prepare_grid), scratch(scan, p.scan_grid));
-        p.scratch = take(p.scratch_bytes);
-        p.total = off;
-        return p;
-    }
-
-    // global scratch of a launch: the variant's bytes per program times the programs (0: pass 0)
-    static size_t scratch(const Variant &v, const unsigned grid[3]) {
-        return static_cast<size_t>(v.scratch_size) * grid[0] * grid[1] * grid[2];
+    // The plan of a call of this shape (the launcher computes it; no GPU needed)
+    Plan plan(const Shape &s) const {
+        const gdn_aot_kernel_t p = Kernel::unloaded(prepare), k = Kernel::unloaded(scan);
+        return plan_of(forward_args(&p, &k, scan, s));
     }
 };
 
@@ -261,8 +244,11 @@ class Forward {
     const Selection &selection() const { return sel_; }
     const Kernel &prepare() const { return prepare_; }
     const Kernel &scan() const { return scan_; }
-    Plan plan(const Shape &s, bool l2norm = true) const { return sel_.plan(s, l2norm); }
-    size_t workspace_bytes(const Shape &s, bool l2norm = true) const { return plan(s, l2norm).total; }
+    gdn_aot_forward_args_t args(const Shape &s) const {
+        return forward_args(prepare_.get(), scan_.get(), sel_.scan, s);
+    }
+    Plan plan(const Shape &s) const { return plan_of(args(s)); }
+    size_t workspace_bytes(const Shape &s) const { return plan(s).workspace_bytes; }
 
   private:
     Selection sel_;
@@ -270,33 +256,23 @@ class Forward {
 };
 
 // The forward: gdn_prepare then gdn_scan on `stream`, no host synchronisation (capturable in a CUDA graph).
-// workspace: workspace_bytes(shape, opt.l2norm) bytes of device memory, 256-byte aligned (cuMemAlloc's are).
+// workspace: workspace_bytes(shape) bytes of device memory, GDN_AOT_WORKSPACE_ALIGN-aligned (cuMemAlloc's are).
 inline CUresult gdn_forward(const Forward &fwd, const Shape &s, const Tensors &t, const Options &opt,
                             CUdeviceptr workspace, size_t workspace_bytes, CUstream stream) {
     const Variant &sv = fwd.selection().scan;
-    if (s.H <= 0 || s.HV % s.H || s.K != sv.K || s.V != sv.V || s.varlen != sv.varlen ||
-        (s.varlen && (s.B != 1 || !t.cu_seqlens)) || (!s.varlen && s.num_seqs != s.B) || (t.state_indices && !t.h0))
+    if (s.K != sv.K || s.V != sv.V || s.varlen != sv.varlen || (s.varlen && !t.cu_seqlens) ||
+        (t.state_indices && !t.h0))
         return CUDA_ERROR_INVALID_VALUE;
-    const Plan p = fwd.plan(s, opt.l2norm);
-    if (workspace_bytes < p.total || (workspace % ALIGN) != 0) return CUDA_ERROR_INVALID_VALUE;
-    const float scale =
-        opt.scale != 0.0f ? opt.scale : static_cast<float>(std::pow(static_cast<double>(s.K), -0.5));
-    const CUdeviceptr w = workspace + p.w, u = workspace + p.u, gam = workspace + p.gam,
-                      rq = opt.l2norm ? workspace + p.rq : 0, rk = opt.l2norm ? workspace + p.rk : 0,
-                      scratch = p.scratch_bytes ? workspace + p.scratch : 0;
-    const int32_t prepare_flags = opt.l2norm ? PREPARE_L2NORM : 0;
-    const int32_t scan_flags = (t.h0 ? SCAN_HAS_H0 : 0) | (t.ht ? SCAN_STORE_HT : 0) |
-                               (t.state_indices ? SCAN_USE_INDICES : 0) | (opt.l2norm ? SCAN_L2NORM : 0);
-    const unsigned *pg = p.prepare_grid, *sg = p.scan_grid;
-    const CUdeviceptr prepare_scratch = Selection::scratch(fwd.selection().prepare, pg) ? scratch : 0,
-                      scan_scratch = Selection::scratch(fwd.selection().scan, sg) ? scratch : 0;
-    CUresult r = gdn_aot_launch_gdn_prepare(fwd.prepare().get(), stream, pg[0], pg[1], pg[2], t.q, t.k, t.v, t.g,
-                                            t.beta, t.cu_seqlens, w, u, gam, rq, rk, p.T_arg, s.num_seqs, s.H, s.HV,
-                                            prepare_flags, prepare_scratch);
-    if (r != CUDA_SUCCESS) return r;
-    return gdn_aot_launch_gdn_scan(fwd.scan().get(), stream, sg[0], sg[1], sg[2], t.q, t.k, w, u, gam, rq, rk,
-                                   t.cu_seqlens, t.h0, t.ht, t.state_indices, t.o, scale, p.T_arg, s.H, s.HV,
-                                   scan_flags, scan_scratch);
+    gdn_aot_forward_args_t a = fwd.args(s);
+    a.stream = stream;
+    a.q = t.q, a.k = t.k, a.v = t.v, a.g = t.g, a.beta = t.beta, a.cu_seqlens = s.varlen ? t.cu_seqlens : 0;
+    a.h0 = t.h0, a.ht = t.ht, a.state_indices = t.state_indices, a.o = t.o;
+    a.workspace = workspace, a.workspace_bytes = workspace_bytes;
+    a.scale = opt.scale != 0.0f ? opt.scale : static_cast<float>(std::pow(static_cast<double>(s.K), -0.5));
+    a.prepare_flags = opt.l2norm ? GDN_AOT_PREPARE_L2NORM : 0;
+    a.scan_flags = (t.h0 ? GDN_AOT_SCAN_HAS_H0 : 0) | (t.ht ? GDN_AOT_SCAN_STORE_HT : 0) |
+                   (t.state_indices ? GDN_AOT_SCAN_USE_INDICES : 0);
+    return gdn_aot_forward(&a);  // checks the sizes, the workspace's size and alignment, then launches both
 }
 
 }  // namespace gdn_aot

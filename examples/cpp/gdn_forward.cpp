@@ -185,11 +185,11 @@ int run(const Args &a) {
     for (int len : a.lens) cu.push_back(cu.back() + len);
     const int rows = cu.back();
     const gdn_aot::Shape shape = gdn_aot::Shape::packed(rows, N, a.H, a.HV, a.K, a.V);
-    const gdn_aot::Plan plan = sel.plan(shape, a.l2norm);
+    const gdn_aot::Plan plan = sel.plan(shape);
     std::printf("prepare: %s\nscan: %s\n", sel.prepare.key.c_str(), sel.scan.key.c_str());
     std::printf("prepare_grid: %u %u %u\nscan_grid: %u %u %u\nworkspace_bytes: %zu\n", plan.prepare_grid[0],
                 plan.prepare_grid[1], plan.prepare_grid[2], plan.scan_grid[0], plan.scan_grid[1], plan.scan_grid[2],
-                plan.total);
+                static_cast<size_t>(plan.workspace_bytes));
     if (a.dry_run) return 0;
 
     // host inputs
@@ -231,13 +231,13 @@ int run(const Args &a) {
         gdn_aot::check(d->StreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
         const gdn_aot::Forward fwd(dir, sel);  // loads both cubins into the current context
         Buffer dq(d, q), dk(d, k), dv(d, v), dg(d, g), dbeta(d, beta), dcu(d, cu), dh0(d, h0);
-        Buffer dht(d, nh * 4), dout(d, nv * 2), work(d, fwd.workspace_bytes(shape, a.l2norm));
+        Buffer dht(d, nh * 4), dout(d, nv * 2), work(d, fwd.workspace_bytes(shape));
         gdn_aot::Tensors t;
         t.q = dq.ptr, t.k = dk.ptr, t.v = dv.ptr, t.g = dg.ptr, t.beta = dbeta.ptr, t.cu_seqlens = dcu.ptr;
         t.h0 = dh0.ptr, t.ht = dht.ptr, t.o = dout.ptr;
         gdn_aot::Options opt;
         opt.l2norm = a.l2norm;
-        gdn_aot::check(gdn_aot::gdn_forward(fwd, shape, t, opt, work.ptr, plan.total, stream), "gdn_forward");
+        gdn_aot::check(gdn_aot::gdn_forward(fwd, shape, t, opt, work.ptr, plan.workspace_bytes, stream), "gdn_forward");
         gdn_aot::check(d->StreamSynchronize(stream), "cuStreamSynchronize (the forward's kernels)");
         std::vector<uint16_t> o(nv);
         std::vector<float> ht(nh);
