@@ -251,7 +251,12 @@ def main():
     ap.add_argument("--quick", action="store_true", help="20 timed calls per case instead of 100")
     ap.add_argument("--fresh", default="all", choices=("all", "gdn_aot", "none"),
                     help="which libraries get the fresh-process first-result measurement (fla's takes ~1 min)")
+    ap.add_argument("--keep-triton-cache", action="store_true",
+                    help="let fla reuse autotune results cached on disk (by default it gets an empty "
+                    "TRITON_CACHE_DIR: results a test suite cached for its small shapes made fla 1.1-1.7x slower)")
     args = ap.parse_args()
+    if not args.keep_triton_cache:
+        os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="gdn_bench_triton_")
     start = time.perf_counter()
     reps = 20 if args.quick else 100
     log(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {reps} timed calls per case")
