@@ -337,8 +337,9 @@ class ArtifactSet:
     def dispatch(self, kernel: str) -> dict:
         return self.manifest.dispatch.get(kernel, {})
 
-    def small_batch_programs(self, kernel: str, sm_count: int) -> int:
-        """Below this many programs the spec's small_batch_BV applies: small_batch_factor * SMs (0: no such rule)."""
+    def small_batch_programs(self, kernel: str, sm_count: int) -> float:
+        """Below this many programs the spec's small_batch_BV applies: small_batch_factor * SMs (a fraction is
+        allowed; 0: no such rule)."""
         d = self.dispatch(kernel)
         return d.get("small_batch_factor", 2) * sm_count if "small_batch_BV" in d else 0
 
