@@ -7,13 +7,13 @@ docs/gdn-math.md) with the state h [K, BV] in fp32 registers (the wgmma accumula
     h     = e^gam_last h + k^T (e^(gam_last - gam) v_new)
 (with use_qk_l2norm_in_kernel, q_i -> rq_i q_i and k_j -> rk_j k_j enter through gdn_prepare's qg, kg.)
 Units:
-  * TMA brings q and k of chunk c + 2 into a two-stage ring as soon as chunk c is done with it, and w of chunk
-    c + 1 into a single buffer as soon as chunk c's w h is done; completion on mbarriers. u comes by register
-    loads one chunk ahead (it is only ever needed in registers). The TMA descriptors are built on the device
+  * TMA brings q and k of chunk c + 2 into a two-stage ring as soon as chunk c is done with it, w of chunk c + 1
+    into a single buffer as soon as chunk c's w h is done, and u of chunk c + 1 into the v_dec buffer (free
+    between chunks) at the end of chunk c; completion on mbarriers. The TMA descriptors are built on the device
     per sequence with the sequence's length as row bound: the last chunk's loads are zero-filled past the end
     and its output store is clipped, so no chunk touches a neighbouring sequence's rows.
-  * wgmma, asynchronous: w h, q k^T and q h go out together; only w h is on the recurrence's critical path
-    (h -> w h -> v_new -> k^T v_dec -> h), the two others complete while v_new is formed.
+  * wgmma, asynchronous: w h goes out with q k^T, then k^T v_dec with q h; only w h and the state update are on
+    the recurrence's critical path (h -> w h -> v_new -> k^T v_dec -> h), the others complete beside them.
   * o leaves by TMA store through the v_new buffer once the output MMA has read it.
 Shared memory at BV = 64: q, k rings 64 KB, w 16 KB, h 16 KB, v_new / o and v_dec 16 KB = 112 KB, so two
 programs share an SM and each hides the other's latencies.
