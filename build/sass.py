@@ -1,10 +1,10 @@
 """SASS facts about a cubin, from the nvdisasm/cuobjdump bundled with triton.
 
 `summary()` counts the instruction families that prove which hardware path a kernel takes:
-sm_90a HGMMA (wgmma), UTMALDG/UTMASTG (TMA), LDGSTS (cp.async), SYNCS (mbarrier), WARPGROUP; sm_100a UTCHMMA/UTCQMMA (tcgen05 mma),
-LDTM/STTM (TMEM load/store), UTCBAR (tcgen05 commit); the slow path HMMA/FFMA; LDL/STL (local memory = spills),
-and LDL_in_loop/STL_in_loop: those inside a loop body (between a backward branch and its target), where a spill
-costs on every iteration.
+sm_90a HGMMA (wgmma), UTMALDG/UTMASTG (TMA), LDGSTS (cp.async), SYNCS (mbarrier), WARPGROUP; sm_100a
+UTCHMMA/UTCQMMA (tcgen05 mma), LDTM/STTM (TMEM load/store), UTCBAR (tcgen05 commit); the slow path HMMA/FFMA;
+LDL/STL (local memory = spills), and LDL_in_loop/STL_in_loop: those inside a loop body (between a backward
+branch and its target), where a spill costs on every iteration.
 `resource_usage()` reads REG/STACK/SHARED/LOCAL from `cuobjdump -res-usage`.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from gdn_aot.build.toolchain import nvidia_bin
 
 FAMILIES = ("HGMMA", "UTMALDG", "UTMASTG", "LDGSTS", "SYNCS", "WARPGROUP", "UTCHMMA", "UTCQMMA", "LDTM", "STTM",
             "UTCBAR", "HMMA", "FFMA", "LDL", "STL")
-_INSN = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)(\.[\w.]*)?")
+_INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)(\.[\w.]*)?")
 
 
 def disassemble(cubin: Path) -> str:
@@ -28,8 +28,13 @@ def disassemble(cubin: Path) -> str:
     return r.stdout
 
 
+def instructions(sass_text: str) -> list[tuple[int, str]]:
+    """(address, opcode without modifiers) of every instruction, in order."""
+    return [(int(m.group(1), 16), m.group(2)) for m in _INSN.finditer(sass_text)]
+
+
 def opcode_counts(sass_text: str) -> Counter:
-    return Counter(m.group(1) for m in _INSN.finditer(sass_text))
+    return Counter(op for _, op in instructions(sass_text))
 
 
 def loop_ranges(sass_text: str) -> list[tuple[int, int]]:
@@ -49,14 +54,13 @@ def loop_ranges(sass_text: str) -> list[tuple[int, int]]:
 
 def summary(cubin: Path, sass_text: str | None = None) -> dict:
     text = disassemble(cubin) if sass_text is None else sass_text
-    counts = opcode_counts(text)
+    insns = instructions(text)
+    counts = Counter(op for _, op in insns)
     out = {fam: counts.get(fam, 0) for fam in FAMILIES}
-    out["total"] = sum(counts.values())
+    out["total"] = len(insns)
     loops = loop_ranges(text)
     for fam in ("LDL", "STL"):
-        out[f"{fam}_in_loop"] = sum(
-            1 for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?" + fam + r"\b", text)
-            if any(a <= int(m.group(1), 16) <= b for a, b in loops))
+        out[f"{fam}_in_loop"] = sum(1 for at, op in insns if op == fam and any(a <= at <= b for a, b in loops))
     return out
 
 

@@ -189,45 +189,6 @@ def loop_variant(x, j):
     return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r,r", [x, j], dtype=gl.int32, is_pure=True, pack=1)
 
 
-# --- added for the sm_100a family (the functions above are shared with sm_90a and unchanged) ---------------
-
-
-@gluon.jit
-def _bitmask_keep_scalar(diff, limit, group_start, bit):
-    """One element of the 16-wide bitmask causal mask: keep column j of a row iff j < limit.
-
-    Columns go in groups of 16 (group_start = j & ~15, bit = j & 15). For the row, the group's mask word is
-    -1 << clamp(limit - group_start, 0, 16): bit b is set iff column group_start + b is masked out. The shift is
-    clamped to 16 (bit <= 15, so that is exact) because a shift by >= 32 is undefined in LLVM IR.
-    A masked element becomes -inf, so exp() of it is exactly 0 and never overflows (exp(gam_i - gam_j) for
-    i < j can be huge).
-    """
-    shift = gl.minimum(gl.maximum(limit - group_start, 0), 16)
-    word = (-1) << shift
-    masked = ((word >> bit) & 1) != 0
-    return gl.where(masked, -float("inf"), diff)
-
-
-@gluon.jit
-def causal_decay_bitmask(gam_rows, gam_cols, n_rows, STRICT: gl.constexpr):
-    """Same result as causal_decay (M_ij = exp(gam_i - gam_j) on the (strictly) lower triangle of valid rows,
-    else 0), with the mask built per element from 16-wide bitmasks through gl.map_elementwise.
-
-    Row i keeps columns j < limit_i, limit_i = i (STRICT) or i + 1, and 0 for rows past n_rows. Masked exponents
-    are -inf before exp, so nothing overflows and masked entries are exactly 0.
-    """
-    i = gl.arange(0, gam_rows.shape[0], gam_rows.type.layout)
-    j = gl.expand_dims(gl.arange(0, gam_cols.shape[0], gam_cols.type.layout), 0)
-    if STRICT:
-        limit = i
-    else:
-        limit = i + 1
-    limit = gl.expand_dims(gl.where(i < n_rows, limit, 0), 1)
-    diff = gl.expand_dims(gam_rows, 1) - gl.expand_dims(gam_cols, 0)
-    masked = gl.map_elementwise(_bitmask_keep_scalar, diff, limit, (j >> 4) << 4, j & 15)
-    return gl.exp(masked)
-
-
 @constexpr_function
 def state_io_layout(K, BV, TRANSPOSE_STATE, num_warps):
     """Coalesced layout for moving a [K, BV] fp32 state tile to or from HBM: 4 consecutive elements of the
@@ -291,6 +252,45 @@ def row_tile_desc(base, row_stride, seq_len, BT: gl.constexpr, COLS: gl.constexp
     """TMA descriptor over one head's [seq_len, COLS] rows of a token-major tensor."""
     layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, COLS], base.dtype.element_ty)
     return tma.make_tensor_descriptor(base, [gl.maximum(seq_len, 1), COLS], [row_stride, 1], [BT, COLS], layout)
+
+
+# --- used by the sm_100a family only ------------------------------------------------------------------------
+
+
+@gluon.jit
+def _bitmask_keep_scalar(diff, limit, group_start, bit):
+    """One element of the 16-wide bitmask causal mask: keep column j of a row iff j < limit.
+
+    Columns go in groups of 16 (group_start = j & ~15, bit = j & 15). For the row, the group's mask word is
+    -1 << clamp(limit - group_start, 0, 16): bit b is set iff column group_start + b is masked out. The shift is
+    clamped to 16 (bit <= 15, so that is exact) because a shift by >= 32 is undefined in LLVM IR.
+    A masked element becomes -inf, so exp() of it is exactly 0 and never overflows (exp(gam_i - gam_j) for
+    i < j can be huge).
+    """
+    shift = gl.minimum(gl.maximum(limit - group_start, 0), 16)
+    word = (-1) << shift
+    masked = ((word >> bit) & 1) != 0
+    return gl.where(masked, -float("inf"), diff)
+
+
+@gluon.jit
+def causal_decay_bitmask(gam_rows, gam_cols, n_rows, STRICT: gl.constexpr):
+    """Same result as causal_decay (M_ij = exp(gam_i - gam_j) on the (strictly) lower triangle of valid rows,
+    else 0), with the mask built per element from 16-wide bitmasks through gl.map_elementwise.
+
+    Row i keeps columns j < limit_i, limit_i = i (STRICT) or i + 1, and 0 for rows past n_rows. Masked exponents
+    are -inf before exp, so nothing overflows and masked entries are exactly 0.
+    """
+    i = gl.arange(0, gam_rows.shape[0], gam_rows.type.layout)
+    j = gl.expand_dims(gl.arange(0, gam_cols.shape[0], gam_cols.type.layout), 0)
+    if STRICT:
+        limit = i
+    else:
+        limit = i + 1
+    limit = gl.expand_dims(gl.where(i < n_rows, limit, 0), 1)
+    diff = gl.expand_dims(gam_rows, 1) - gl.expand_dims(gam_cols, 0)
+    masked = gl.map_elementwise(_bitmask_keep_scalar, diff, limit, (j >> 4) << 4, j & 15)
+    return gl.exp(masked)
 
 
 @gluon.jit

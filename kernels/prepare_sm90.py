@@ -25,8 +25,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
-from .common import (PREPARE_L2NORM, loop_variant, causal_decay, chunk_cumsum, inverse_row_norms, load_rows, row_load_layout,
-                     chunk_tile_ptrs, row_mask, sequence_of_chunk_slot, squaring_rounds, wgmma_layout)
+from .common import (PREPARE_L2NORM, causal_decay, chunk_cumsum, chunk_tile_ptrs, inverse_row_norms, load_rows,
+                     loop_variant, row_load_layout, row_mask, sequence_of_chunk_slot, squaring_rounds, wgmma_layout)
 
 
 @gluon.jit
