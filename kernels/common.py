@@ -1,12 +1,13 @@
 """Arch-independent pieces shared by the sm_90a and sm_100a kernel families.
 
-Sequence bookkeeping (which tokens a program owns), the gate algebra of one chunk, and layout choices.
-Nothing here touches a tensor core, so both families call the same code and what the H200 proves about it
-holds for Blackwell too.
+Sequence bookkeeping (which tokens a program owns), the gate algebra of one chunk, and layout choices. The only
+tensor-core code here is diagonal_block_inverses' warp-level mma.sync, which both arches execute alike; the rest
+runs on the CUDA cores. Both families call the same code, so what the H200 proves about it holds for Blackwell too.
 """
 from triton.experimental import gluon
 from triton.runtime.jit import constexpr_function
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2  # mma.sync: sm_90a and sm_100a both have it
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma  # blackwell re-exports these
 
 from . import PREPARE_L2NORM as _PREPARE_L2NORM, SCAN_HAS_H0 as _SCAN_HAS_H0
@@ -36,9 +37,9 @@ def wgmma_layout(M, N, num_warps, operand_bits=16):
 
 
 @constexpr_function
-def squaring_rounds(BT):
-    """Rounds of (I + N)(I + N^2)... needed until N^BT = 0 for a strictly lower-triangular BT x BT matrix."""
-    return BT.bit_length() - 2
+def squaring_rounds(n):
+    """Rounds of (I + N)(I + N^2)... needed until N^n = 0 for a strictly lower-triangular n x n matrix."""
+    return n.bit_length() - 2
 
 
 @constexpr_function
@@ -126,6 +127,64 @@ def chunk_cumsum(g_rows, g_cols):
     gam_rows = gl.sum(gl.where(j <= i, gl.expand_dims(g_cols, 0), 0.0), axis=1)
     gam_cols = gl.sum(gl.where(i <= j, gl.expand_dims(g_rows, 1), 0.0), axis=0)
     return gam_rows, gam_cols
+
+
+@gluon.jit
+def chunk_gates(g, beta, gam, qg, kg, i_hv, start, n_rows, HV, log_rq, log_rk, cols_layout: gl.constexpr):
+    """The gates of value head i_hv over the chunk's rows (gdn_prepare, both arches): loads g and beta, writes
+    gam = cumsum(g) and the log row scalings qg = gam + ln rq, kg = gam - ln rk for gdn_scan, and returns gam
+    in the row layout (log_rq's) and in cols_layout, and beta in the row layout. Rows past n_rows read as 0."""
+    r = gl.arange(0, log_rq.shape[0], log_rq.type.layout)
+    c = gl.arange(0, log_rq.shape[0], cols_layout)
+    offs_r = (start + r).to(gl.int64) * HV + i_hv
+    g_rows = gl.load(g + offs_r, mask=r < n_rows, other=0.0)
+    g_cols = gl.load(g + (start + c).to(gl.int64) * HV + i_hv, mask=c < n_rows, other=0.0)
+    beta_rows = gl.load(beta + offs_r, mask=r < n_rows, other=0.0)
+    gam_rows, gam_cols = chunk_cumsum(g_rows, g_cols)
+    gl.store(gam + offs_r, gam_rows, mask=r < n_rows)
+    gl.store(qg + offs_r, gam_rows + log_rq, mask=r < n_rows)
+    gl.store(kg + offs_r, gam_rows - log_rk, mask=r < n_rows)
+    return gam_rows, gam_cols, beta_rows
+
+
+@gluon.jit
+def diagonal_block_inverses(A, BLOCK: gl.constexpr):
+    """(I + A_bb)^-1 for the BT / BLOCK diagonal [BLOCK, BLOCK] blocks of strictly lower-triangular A [BT, BT],
+    returned as the block-diagonal [BT, BT] matrix in A's layout.
+
+    The blocks go to a [BT / BLOCK, BLOCK, BLOCK] batch, one block a warp (the warp whose wgmma rows they are),
+    and are inverted there by repeated squaring on warp-level tf32 MMAs (mma.sync m16n8k8): a quarter of the
+    work of squaring the whole [BT, BT] matrix, and no CTA barrier.
+    """
+    BT: gl.constexpr = A.shape[0]
+    NB: gl.constexpr = BT // BLOCK
+    layout: gl.constexpr = A.type.layout
+    gl.static_assert(NB == gl.num_warps(), "one diagonal block a warp")
+    i = gl.expand_dims(gl.arange(0, BT, gl.SliceLayout(1, layout)), 1)
+    j = gl.expand_dims(gl.arange(0, BT, gl.SliceLayout(0, layout)), 0)
+    same_block = (i // BLOCK) == (j // BLOCK)
+    blocks = gl.sum(gl.reshape(gl.where(same_block, A, 0.0), [NB, BLOCK, NB, BLOCK]), axis=2)
+
+    batch_mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NB, 1, 1],
+                                                        instr_shape=[1, 16, 8])
+    a_op: gl.constexpr = gl.DotOperandLayout(0, batch_mma, 1)
+    b_op: gl.constexpr = gl.DotOperandLayout(1, batch_mma, 1)
+    bi = gl.arange(0, BLOCK, gl.SliceLayout(0, gl.SliceLayout(2, batch_mma)))
+    bj = gl.arange(0, BLOCK, gl.SliceLayout(0, gl.SliceLayout(1, batch_mma)))
+    eye = gl.where(gl.expand_dims(gl.expand_dims(bi, 0), 2) == gl.expand_dims(gl.expand_dims(bj, 0), 1), 1.0, 0.0)
+    power = -gl.convert_layout(blocks, batch_mma)
+    inverse = eye + power
+    for _ in gl.static_range(squaring_rounds(BLOCK)):
+        power = mma_v2(gl.convert_layout(power, a_op), gl.convert_layout(power, b_op), gl.zeros_like(power),
+                       input_precision="tf32")
+        inverse = mma_v2(gl.convert_layout(inverse, a_op), gl.convert_layout(power, b_op), inverse,
+                         input_precision="tf32")
+
+    # back to [BT, BT]: every block repeated along its block row, then the off-diagonal copies masked out
+    rows4: gl.constexpr = gl.BlockedLayout([1, 2, NB, 4], [1, 8, 1, 4], [NB, 1, 1, 1], [3, 2, 1, 0])
+    spread = gl.expand_dims(gl.convert_layout(inverse, gl.SliceLayout(2, rows4)), 2) \
+        + gl.zeros([NB, BLOCK, NB, BLOCK], gl.float32, rows4)
+    return gl.where(same_block, gl.convert_layout(gl.reshape(spread, [BT, BT]), layout), 0.0)
 
 
 @gluon.jit

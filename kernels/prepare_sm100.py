@@ -4,15 +4,13 @@ Same algorithm, grid and outputs as prepare_sm90.py (steps 1-3 of docs/gdn-math.
 (chunk, key head), 4 warps: the key head's k is read (and, with flags & PREPARE_L2NORM, normalised, with the
 log inverse norms of its q and k rows kept in shared memory) once, then the HV / H value heads that share it
 are served in turn:
-    gam = cumsum(g)                                      (fp32, registers; common.chunk_cumsum)
+    gam = cumsum(g)                                      (fp32, registers; common.chunk_gates)
     A   = beta_i (k_i . k_j) exp(gam_i - gam_j), i > j   (tcgen05 kind::f16, bf16/fp16 -> fp32 in TMEM; k k^T is
                                                           recomputed per value head: one MMA, where keeping it
                                                           would cost TMEM columns or 16 KB of shared memory)
-    Tc  = (I + A)^-1 = (I + N)(I + N^2)...(I + N^32),  N = -A
-                                                         (ten 64x64x64 tcgen05 kind::tf32 products, as the
-                                                          sm_90a wgmma tf32 squaring: on the H200 the whole
-                                                          prepare was 1.9x faster with it than with an fp32
-                                                          substitution on the CUDA cores)
+    Tc  = (I + A)^-1 = (I - N)(I + N^2) D^-1             (blocked by 16, as on sm_90a: D^-1 of the diagonal
+                                                          blocks on warp-level tf32 MMAs (mma.sync), then four
+                                                          64x64x64 tcgen05 kind::tf32 products)
     w   = (Tc diag(beta e^gam)) k,   u = (Tc diag(beta)) v   (tcgen05 kind::f16, both operands in shared memory)
     qg  = gam + ln rq,  kg = gam - ln rk                 (the log row scalings gdn_scan applies to q and k rows;
                                                           rq, rk = inverse L2 norms, or 1 without PREPARE_L2NORM)
@@ -44,8 +42,8 @@ from triton.experimental.gluon.language.nvidia.blackwell import (TensorMemoryLay
                                                                   fence_async_shared, get_tmem_reg_layout,
                                                                   mbarrier, tcgen05_commit, tcgen05_mma, tma)
 
-from .common import (PREPARE_L2NORM, causal_decay_bitmask, chunk_cumsum, inverse_row_norms, load_rows,
-                     loop_variant, row_load_layout, sequence_of_chunk_slot, squaring_rounds)
+from .common import (PREPARE_L2NORM, causal_decay_bitmask, chunk_gates, diagonal_block_inverses, inverse_row_norms,
+                     load_rows, loop_variant, row_load_layout, sequence_of_chunk_slot)
 
 
 @gluon.jit
@@ -86,21 +84,23 @@ def _tf32_matmul(a, b, a_smem, bt_smem, acc_tmem, reg_layout: gl.constexpr, bar,
 
 @gluon.jit
 def _unit_lower_inverse(A, a_smem, bt_smem, acc_tmem, reg_layout: gl.constexpr, bar, phase):
-    """(I + A)^-1 for strictly lower-triangular A [BT, BT] by repeated squaring (BT = 64: 5 rounds).
-
-    The running product stays in registers (acc += as a register add) so no TMEM store has to be ordered before
-    an MMA; TMEM only receives the products.
+    """(I + A)^-1 for strictly lower-triangular A [BT, BT] (BT = 64), blocked by 16, as on sm_90a:
+    (I + A)^-1 = (I - N)(I + N^2) D^-1 with D = I + (A's diagonal 16 x 16 blocks), N = D^-1 L (L: A's strictly
+    block-lower part, so N^4 = 0). D^-1 on warp-level MMAs (common.diagonal_block_inverses), then four
+    tcgen05 kind::tf32 products instead of the ten of squaring the whole matrix. The running terms stay in
+    registers (sums as register adds), so no TMEM store has to be ordered before an MMA.
     """
     BT: gl.constexpr = A.shape[0]
+    BLOCK: gl.constexpr = 16
     i = gl.expand_dims(gl.arange(0, BT, gl.SliceLayout(1, reg_layout)), 1)
     j = gl.expand_dims(gl.arange(0, BT, gl.SliceLayout(0, reg_layout)), 0)
-    power = -A
-    inverse = gl.where(i == j, 1.0, 0.0) + power
-    for _ in gl.static_range(squaring_rounds(BT)):
-        power, phase = _tf32_matmul(power, power, a_smem, bt_smem, acc_tmem, reg_layout, bar, phase)
-        prod, phase = _tf32_matmul(inverse, power, a_smem, bt_smem, acc_tmem, reg_layout, bar, phase)
-        inverse = inverse + prod
-    return inverse, phase
+    d_inv = diagonal_block_inverses(A, BLOCK)
+    n, phase = _tf32_matmul(d_inv, gl.where((i // BLOCK) > (j // BLOCK), A, 0.0), a_smem, bt_smem, acc_tmem,
+                            reg_layout, bar, phase)
+    n2, phase = _tf32_matmul(n, n, a_smem, bt_smem, acc_tmem, reg_layout, bar, phase)
+    one_minus_n = gl.where(i == j, 1.0, 0.0) - n
+    prod, phase = _tf32_matmul(one_minus_n, n2, a_smem, bt_smem, acc_tmem, reg_layout, bar, phase)
+    return _tf32_matmul(one_minus_n + prod, d_inv, a_smem, bt_smem, acc_tmem, reg_layout, bar, phase)
 
 
 @gluon.jit
@@ -109,7 +109,7 @@ def _serve_value_head(i_hv, j, v_phase, k_smem, v_smem, a_smem, bt_smem, row_vec
                       K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr):
     """Steps 1-3 of docs/gdn-math.md for value head i_hv (j-th of its key head's group) of the chunk, from the
     key head's k in k_smem (row_vecs: the key head's log q/k row norms in rows 0, 1; rows 2, 3 are this
-    call's scratch). Every call commits mma_bar an even number of times (k k^T, the 10 products of the
+    call's scratch). Every call commits mma_bar an even number of times (k k^T, the 4 products of the
     inverse, w and u), so each starts at phase 0. w and u are still being stored by TMA from a_smem / bt_smem
     when it returns: the next call (before the inverse) and the kernel (before exiting) wait for them."""
     dtype: gl.constexpr = k_smem.dtype
@@ -129,20 +129,12 @@ def _serve_value_head(i_hv, j, v_phase, k_smem, v_smem, a_smem, bt_smem, row_vec
     tcgen05_mma(k_smem, k_smem.permute((1, 0)), tt_tmem, use_acc=False)
     tcgen05_commit(mma_bar)
 
-    # --- gates: g and beta per row, cumsum in fp32 (layouts of the TMEM register tiles); gam and the log row
-    # scalings for gdn_scan.
+    # --- gates: gam = cumsum(g) and the log row scalings for gdn_scan (layouts of the TMEM register tiles).
     rows_l: gl.constexpr = gl.SliceLayout(1, reg_tt)
     cols_l: gl.constexpr = gl.SliceLayout(0, reg_tt)
-    r = gl.arange(0, BT, rows_l)
-    c = gl.arange(0, BT, cols_l)
-    gate_offs_r = (start + r).to(gl.int64) * HV + i_hv
-    g_rows = gl.load(g + gate_offs_r, mask=r < n_rows, other=0.0)
-    g_cols = gl.load(g + (start + c).to(gl.int64) * HV + i_hv, mask=c < n_rows, other=0.0)
-    beta_rows = gl.load(beta + gate_offs_r, mask=r < n_rows, other=0.0)
-    gam_rows, gam_cols = chunk_cumsum(g_rows, g_cols)
-    gl.store(gam + gate_offs_r, gam_rows, mask=r < n_rows)
-    gl.store(qg + gate_offs_r, gam_rows + row_vecs.index(0).load(rows_l), mask=r < n_rows)
-    gl.store(kg + gate_offs_r, gam_rows - row_vecs.index(1).load(rows_l), mask=r < n_rows)
+    gam_rows, gam_cols, beta_rows = chunk_gates(g, beta, gam, qg, kg, i_hv, start, n_rows, HV,
+                                                row_vecs.index(0).load(rows_l), row_vecs.index(1).load(rows_l),
+                                                cols_l)
     decay = causal_decay_bitmask(gam_rows, gam_cols, n_rows, STRICT=True)
     # the column scalings of Tw and Tu wait in shared memory, not in registers, while the inverse runs (as
     # column vectors they would pin 64 registers a thread across it); past the chunk they are 0 (beta = 0)

@@ -5,14 +5,11 @@ norms) are read and normalised once, then the HV / H value heads that share them
 of docs/gdn-math.md for each):
     gam = cumsum(g)                                      (fp32, registers)
     A   = beta_i (k_i . k_j) exp(gam_i - gam_j), i > j   (k k^T: wgmma bf16 -> fp32 from the shared k tile)
-    Tc  = (I + A)^-1 = (I + N)(I + N^2)(I + N^4)(I + N^8)(I + N^16)(I + N^32),  N = -A
-                                                         (N^64 = 0 for strictly lower-triangular N: ten
-                                                          64x64x64 wgmma in tf32, A operand in registers, one
-                                                          transposed shared-memory store a round; measured 1.9x
-                                                          faster on the H200 than an fp32 substitution on the
-                                                          CUDA cores, and the register A operand + one store a
-                                                          round took this kernel from 6.96 to 5.97 ms at
-                                                          32 x 8192)
+    Tc  = (I + A)^-1 = (I - N)(I + N^2) D^-1             (blocked by 16 (_unit_lower_inverse): D = I + A's
+                                                          diagonal blocks, inverted on warp-level tf32 MMAs;
+                                                          N = D^-1 L with L A's strictly block-lower part, so
+                                                          N^4 = 0: four 64x64x64 tf32 wgmma, A operand in
+                                                          registers, where squaring the whole matrix took ten)
     w   = (Tc diag(beta e^gam)) k,   u = (Tc diag(beta)) v     (wgmma bf16 -> fp32, A operand in registers)
     qg  = gam + ln rq,  kg = gam - ln rk                 (the log row scalings gdn_scan applies to q and k rows;
                                                           rq, rk = inverse L2 norms, or 1 without PREPARE_L2NORM)
@@ -25,8 +22,9 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
-from .common import (PREPARE_L2NORM, causal_decay, chunk_cumsum, chunk_tile_ptrs, inverse_row_norms, load_rows,
-                     loop_variant, row_load_layout, row_mask, sequence_of_chunk_slot, squaring_rounds, wgmma_layout)
+from .common import (PREPARE_L2NORM, causal_decay, chunk_gates, chunk_tile_ptrs, diagonal_block_inverses,
+                     inverse_row_norms, load_rows, loop_variant, row_load_layout, row_mask, sequence_of_chunk_slot,
+                     wgmma_layout)
 
 
 @gluon.jit
@@ -48,24 +46,33 @@ def _store_transposed(bt_smem, x):
 
 
 @gluon.jit
-def _unit_lower_inverse(A, bt_smem):
-    """(I + A)^-1 for strictly lower-triangular A [BT, BT] by repeated squaring (BT <= 64: 5 rounds).
+def _unit_lower_inverse(A, bt_smem, d_inv_t_smem):
+    """(I + A)^-1 for strictly lower-triangular A [BT, BT] (BT = 64), blocked by 16.
 
-    Both products of a round read the same B (the new power), so one transposed store a round feeds them:
-    power = power @ power reads the previous round's store, inverse @ power the one made in between.
+    I + A = D (I + N) with D = I + (A's diagonal 16 x 16 blocks) and N = D^-1 L, L = A's strictly block-lower
+    part. N is strictly block-lower over 4 blocks, so N^4 = 0 and
+        (I + A)^-1 = (I - N)(I + N^2) D^-1:
+    D^-1 on warp-level MMAs (common.diagonal_block_inverses), then four 64x64x64 tf32 wgmma (N, N^2, (I - N)(I + N^2),
+    the product with D^-1) where squaring the whole matrix took ten. D^-1 waits in d_inv_t_smem for the last
+    product instead of in registers.
     """
     BT: gl.constexpr = A.shape[0]
+    BLOCK: gl.constexpr = 16
     tf32_acc: gl.constexpr = wgmma_layout(BT, BT, gl.num_warps(), 32)
+    A = gl.convert_layout(A, tf32_acc)
     i = gl.expand_dims(gl.arange(0, BT, gl.SliceLayout(1, tf32_acc)), 1)
     j = gl.expand_dims(gl.arange(0, BT, gl.SliceLayout(0, tf32_acc)), 0)
-    power = -gl.convert_layout(A, tf32_acc)
-    inverse = gl.where(i == j, 1.0, 0.0) + power
-    _store_transposed(bt_smem, power)
-    for _ in gl.static_range(squaring_rounds(BT)):
-        power = _tf32_matmul(power, bt_smem, power, use_acc=False)
-        _store_transposed(bt_smem, power)
-        inverse = _tf32_matmul(inverse, bt_smem, inverse, use_acc=True)
-    return inverse
+    zeros = gl.zeros([BT, BT], gl.float32, tf32_acc)
+    d_inv = diagonal_block_inverses(A, BLOCK)
+    d_inv_t_smem.store(gl.permute(d_inv, [1, 0]))  # made visible by the next _store_transposed
+    _store_transposed(bt_smem, gl.where((i // BLOCK) > (j // BLOCK), A, 0.0))
+    n = _tf32_matmul(d_inv, bt_smem, zeros, use_acc=False)
+    _store_transposed(bt_smem, n)
+    n2 = _tf32_matmul(n, bt_smem, zeros, use_acc=False)
+    _store_transposed(bt_smem, n2)
+    one_minus_n = gl.where(i == j, 1.0, 0.0) - n
+    series = _tf32_matmul(one_minus_n, bt_smem, one_minus_n, use_acc=True)  # (I - N)(I + N^2)
+    return _tf32_matmul(series, d_inv_t_smem, zeros, use_acc=False)
 
 
 @gluon.jit
@@ -75,7 +82,7 @@ def _store_rows(ptr, x, row0, n_rows, row_stride, layout: gl.constexpr):
 
 
 @gluon.jit
-def _serve_value_head(i_hv, k_smem, v, v_smem, bt_smem, log_rq, log_rk, g, beta, w, u, gam, qg, kg, start,
+def _serve_value_head(i_hv, k_smem, v, v_smem, tf32_smem, log_rq, log_rk, g, beta, w, u, gam, qg, kg, start,
                       n_rows, HV, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr):
     """Steps 1-3 of docs/gdn-math.md for value head i_hv of the chunk, from the key head's k in k_smem."""
     dtype: gl.constexpr = v.dtype.element_ty
@@ -86,7 +93,6 @@ def _serve_value_head(i_hv, k_smem, v, v_smem, bt_smem, log_rq, log_rk, g, beta,
     mma_tv: gl.constexpr = wgmma_layout(BT, V, num_warps)
     load_k: gl.constexpr = row_load_layout(K, num_warps)
     load_v: gl.constexpr = row_load_layout(V, num_warps)
-    r = gl.arange(0, BT, gl.SliceLayout(1, mma_tt))
     c = gl.arange(0, BT, gl.SliceLayout(0, mma_tt))
     # v of this value head lands in shared memory while the inverse runs (the previous head's u
     # product has read v_smem: every warp must be past it)
@@ -95,23 +101,19 @@ def _serve_value_head(i_hv, k_smem, v, v_smem, bt_smem, log_rq, log_rk, g, beta,
                                            mask=row_mask(n_rows, BT, load_v))
     async_copy.commit_group()
 
-    # --- gates: g and beta per row, cumsum in fp32; gam and the log row scalings for gdn_scan.
-    gate_offs_r = (start + r).to(gl.int64) * HV + i_hv
-    gate_offs_c = (start + c).to(gl.int64) * HV + i_hv
-    g_rows = gl.load(g + gate_offs_r, mask=r < n_rows, other=0.0)
-    g_cols = gl.load(g + gate_offs_c, mask=c < n_rows, other=0.0)
-    beta_rows = gl.load(beta + gate_offs_r, mask=r < n_rows, other=0.0)
-    beta_cols = gl.load(beta + gate_offs_c, mask=c < n_rows, other=0.0)
-    gam_rows, gam_cols = chunk_cumsum(g_rows, g_cols)
-    gl.store(gam + gate_offs_r, gam_rows, mask=r < n_rows)
-    gl.store(qg + gate_offs_r, gam_rows + log_rq, mask=r < n_rows)
-    gl.store(kg + gate_offs_r, gam_rows - log_rk, mask=r < n_rows)
+    # --- gates: gam = cumsum(g) and the log row scalings for gdn_scan; beta also as columns for Tw, Tu.
+    gam_rows, gam_cols, beta_rows = chunk_gates(g, beta, gam, qg, kg, i_hv, start, n_rows, HV, log_rq, log_rk,
+                                                gl.SliceLayout(0, mma_tt))
+    beta_cols = gl.load(beta + (start + c).to(gl.int64) * HV + i_hv, mask=c < n_rows, other=0.0)
 
     # --- A = beta_i (k k^T)_ij exp(gam_i - gam_j), strictly lower; Tc = (I + A)^-1 in tf32.
     kkt = warpgroup_mma(k_smem, k_smem.permute((1, 0)), gl.zeros([BT, BT], gl.float32, mma_tt),
                         use_acc=False)  # recomputed per value head: cheaper than 32 registers a thread
     A = kkt * gl.expand_dims(beta_rows, 1) * causal_decay(gam_rows, gam_cols, n_rows, STRICT=True)
-    Tc = gl.convert_layout(_unit_lower_inverse(A, bt_smem), mma_tt)
+    # tf32_smem's two tiles picked by opaque indices: constant addresses let the compiler hoist every wgmma
+    # descriptor of the inverse out of the loop over value heads (spilled registers)
+    Tc = gl.convert_layout(_unit_lower_inverse(A, tf32_smem.index(loop_variant(0, i_hv)),
+                                               tf32_smem.index(loop_variant(1, i_hv))), mma_tt)
 
     # --- w = Tc diag(beta e^gam) k and u = Tc diag(beta) v: the row scalings fold into Tc's columns.
     Tw = (Tc * gl.expand_dims(beta_cols * gl.exp(gam_cols), 0)).to(dtype)
@@ -157,7 +159,7 @@ def prepare_kernel(q, k, v, g, beta, cu_seqlens, w, u, gam, qg, kg, T, num_seqs,
 
         v_smem = gl.allocate_shared_memory(dtype, [BT, V], gl.NVMMASharedLayout.get_default_for([BT, V], dtype))
         f32_tt: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], gl.float32)
-        bt_smem = gl.allocate_shared_memory(gl.float32, [BT, BT], f32_tt)
+        tf32_smem = gl.allocate_shared_memory(gl.float32, [2, BT, BT], f32_tt)
         for j in range(group):
-            _serve_value_head(i_h * group + j, k_smem, v, v_smem, bt_smem, log_rq, log_rk, g, beta, w, u,
+            _serve_value_head(i_h * group + j, k_smem, v, v_smem, tf32_smem, log_rq, log_rk, g, beta, w, u,
                               gam, qg, kg, loop_variant(start, j), loop_variant(n_rows, j), HV, K, V, BT)
