@@ -94,7 +94,7 @@ def build_code_version() -> str:
 
 
 def compile_options(v: Variant) -> dict:
-    return {"num_warps": v.num_warps, "num_stages": v.num_stages}
+    return KERNELS[v.kernel].compile_options(v)
 
 
 def input_hash(v: Variant, common: dict) -> str:
@@ -172,6 +172,8 @@ def _finish(v: Variant, h: str, job_dir: Path, arch_dir: Path) -> dict:
     why = _check_launchable(meta)
     if why:
         raise ValueError(why)
+    if meta["num_warps"] != v.num_warps:  # the launcher starts the cubin's warps; the key must say the same
+        raise ValueError(f"the cubin runs {meta['num_warps']} warps, the variant names {v.num_warps}")
     params = abi.variant_params(kd, v)
     ptx = (job_dir / "kernel.ptx").read_bytes()
     abi.check_against_ptx(params, ptx.decode(), meta["entry"])

@@ -29,8 +29,10 @@ An axis value may be a list or a single scalar. Each kernel's variants are the c
 (``KernelDef.uses_axes``) may be omitted and must not list more than one value, so that no two variants
 compile to the same cubin. `dispatch` keys: ``default_BV`` (used when the caller names no BV),
 ``small_batch_BV`` (preferred when num_seqs * HV < small_batch_factor * SMs), ``small_batch_factor`` (a positive
-number, default 2);
-the BVs named must be among the kernel's BV values.
+number, default 2), ``single_wave_warps`` (the variants with this num_warps are preferred, ahead of the rest,
+when one of them runs the batch in one wave of one program an SM: the smallest BV with
+num_seqs * HV * V / BV <= SMs); the BVs named must be among the kernel's BV values, the num_warps among its
+variants'.
 
 Every problem raises :class:`SpecError`, whose message names the file, the key path and the bad value.
 """
@@ -53,7 +55,7 @@ LAUNCH_KEYS = ("num_warps", "num_stages")
 EXCLUDE_KEYS = AXES + LAUNCH_KEYS + ("arch",)
 TOP_KEYS = ("K", "V", "arches", "kernels", "dispatch")
 KERNEL_KEYS = AXES + ("launch", "exclude")
-DISPATCH_KEYS = ("default_BV", "small_batch_BV", "small_batch_factor")
+DISPATCH_KEYS = ("default_BV", "small_batch_BV", "small_batch_factor", "single_wave_warps")
 DEFAULT_LAUNCH = {"num_warps": [4], "num_stages": [1]}
 # CLI spellings of arches: `sm_90` and `sm_90a` both mean the arch-specific sm_90a target.
 ARCH_ALIASES = {"sm_90": "sm_90a", "sm_90a": "sm_90a", "90": "sm_90a", "sm_100": "sm_100a", "sm_100a": "sm_100a",
@@ -75,7 +77,7 @@ class Spec:
     sha256: str
     arches: tuple[str, ...]
     variants: tuple[Variant, ...]  # every arch, spec order
-    dispatch: dict  # arch -> kernel -> {default_BV, small_batch_BV, small_batch_factor}
+    dispatch: dict  # arch -> kernel -> {default_BV, small_batch_BV, small_batch_factor, single_wave_warps}
 
     def for_arch(self, arch: str) -> list[Variant]:
         return [v for v in self.variants if v.arch == arch]
@@ -193,7 +195,7 @@ def parse_spec(doc: Any, path: str = "<spec>", sha256: str = "") -> Spec:
     dup = {k for k in keys if keys.count(k) > 1}
     if dup:
         raise SpecError(path, "kernels", "two entries produce the same variant", sorted(dup)[0])
-    dispatch = P.dispatch(doc.get("dispatch"), arches, axis_values)
+    dispatch = P.dispatch(doc.get("dispatch"), arches, axis_values, variants)
     return Spec(path=str(path), sha256=sha256, arches=arches, variants=tuple(variants), dispatch=dispatch)
 
 
@@ -295,7 +297,7 @@ class _Parser:
             out.append(dict(ex))
         return out
 
-    def dispatch(self, raw, arches, axis_values):
+    def dispatch(self, raw, arches, axis_values, variants):
         if raw is None:
             return {}
         if not isinstance(raw, dict):
@@ -320,6 +322,12 @@ class _Parser:
                             raise self.err(f"{kkp}.{key}", "expected a positive number", x)
                         continue
                     self._typed(x, int, f"{kkp}.{key}")
+                    if key == "single_wave_warps":
+                        built = sorted({v.num_warps for v in variants if v.kernel == kname and v.arch == arch})
+                        if x not in built:
+                            raise self.err(f"{kkp}.{key}", f"no {arch} {kname} variant has this num_warps "
+                                           f"(built: {built})", x)
+                        continue
                     if key.endswith("_BV") and x not in axis_values[kname]["BV"]:
                         raise self.err(f"{kkp}.{key}", f"BV not among {kname}'s BV values "
                                        f"{axis_values[kname]['BV']}", x)

@@ -65,7 +65,7 @@ def compile_job(job: dict) -> dict:
     src = build_source(kd, variant, fn)
     t1 = time.perf_counter()
     k = triton.compile(src, target=GPUTarget("cuda", arch_capability(variant.arch), 32),
-                       options={"num_warps": variant.num_warps, "num_stages": variant.num_stages})
+                       options=kd.compile_options(variant))
     t2 = time.perf_counter()
     md = k.metadata._asdict()
     meta = {key: md.get(key) for key in META_KEYS}

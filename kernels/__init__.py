@@ -30,6 +30,16 @@ GDN_PREPARE = KernelDef(
     "1 / |q|, 1 / |k| with flags & PREPARE_L2NORM (k rows are then normalised first) and 1 without",
 )
 
+# A gdn_scan variant with this many warps is the warp-specialised sm_90a scan (scan_sm90_ws.py): a 4-warp state
+# partition (the kernel's num_warps), two 4-warp output partitions and a load warp, which takes a warpgroup's
+# registers, at 128 registers a thread on average (setmaxnreg moves them between the partitions).
+SCAN_WS_WARPS = 16
+
+
+def _scan_warp_specialized(v: Variant) -> bool:
+    return v.num_warps == SCAN_WS_WARPS
+
+
 GDN_SCAN = KernelDef(
     name="gdn_scan",
     params=(
@@ -40,8 +50,10 @@ GDN_SCAN = KernelDef(
     ),
     constexprs=lambda v: {
         "K": v.K, "V": v.V, "BT": v.BT, "BV": v.BV, "IS_VARLEN": v.varlen, "TRANSPOSE_STATE": v.transpose,
-        "num_warps": v.num_warps,
+        "WARP_SPECIALIZE": _scan_warp_specialized(v), "num_warps": 4 if _scan_warp_specialized(v) else v.num_warps,
     },
+    options=lambda v: ({"num_warps": 4, "num_stages": v.num_stages, "maxnreg": 65536 // (32 * v.num_warps)}
+                       if _scan_warp_specialized(v) else {"num_warps": v.num_warps, "num_stages": v.num_stages}),
     sources={"sm90": f"{_PKG}.scan_sm90:scan_kernel", "sm100": f"{_PKG}.scan_sm100:scan_kernel"},
     grid="(num_seqs, HV, V // BV)",
     uses_axes=frozenset({"dtype", "K", "V", "BT", "BV", "varlen", "transpose"}),
@@ -58,4 +70,4 @@ SCAN_STORE_HT = 2  # gdn_scan: write the final state
 SCAN_USE_INDICES = 4  # gdn_scan: state slot = state_indices[sequence] (-1: zero state, not written)
 
 __all__ = ["KERNELS", "KernelDef", "Variant", "PREPARE_L2NORM", "SCAN_HAS_H0", "SCAN_STORE_HT",
-           "SCAN_USE_INDICES"]
+           "SCAN_USE_INDICES", "SCAN_WS_WARPS"]

@@ -59,6 +59,7 @@ class KernelDef:
     grid: the grid rule, in words, recorded in the manifest for launcher writers.
     uses_axes: the spec axes that change the generated code; the others must hold a single value for this
       kernel (validation rejects a spec that varies them, so no two variants compile to the same cubin).
+    options: variant -> triton.compile options, when they are not just the variant's num_warps and num_stages.
     """
 
     name: str
@@ -68,6 +69,15 @@ class KernelDef:
     grid: str
     uses_axes: frozenset[str]
     doc: str = ""
+    options: Callable[[Variant], dict] | None = None
+
+    def compile_options(self, variant: Variant) -> dict:
+        """triton.compile options of the variant: `options(variant)` when given, else its num_warps and
+        num_stages. (A warp-specialised variant compiles with the warps of its default partition; the cubin's
+        metadata then reports all of its warps, which is what the launcher starts.)"""
+        if self.options is not None:
+            return self.options(variant)
+        return {"num_warps": variant.num_warps, "num_stages": variant.num_stages}
 
     def signature(self, variant: Variant) -> dict[str, str]:
         """Triton signature: runtime params (dtype substituted) then constexprs, in the kernel's own order."""

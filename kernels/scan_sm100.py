@@ -96,7 +96,8 @@ def _store_state(ht, h_tmem, stage, slot, i_hv, i_v, HV, K: gl.constexpr, V: gl.
 @gluon.jit
 def scan_kernel(q, k, w, u, gam, qg, kg, cu_seqlens, h0, ht, state_indices, o, scale, T, H, HV, flags,
                 K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, IS_VARLEN: gl.constexpr,
-                TRANSPOSE_STATE: gl.constexpr, num_warps: gl.constexpr):
+                TRANSPOSE_STATE: gl.constexpr, WARP_SPECIALIZE: gl.constexpr, num_warps: gl.constexpr):
+    gl.static_assert(not WARP_SPECIALIZE, "the warp-specialised scan is sm_90a's (scan_sm90_ws.py)")
     gl.static_assert(BT == 64, "tcgen05 M = 64 for the chunk-row products")
     gl.static_assert(K == 128, "the state update k^T v_dec is one M = 128 tcgen05 MMA")
     dtype: gl.constexpr = q.dtype.element_ty

@@ -26,6 +26,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from .common import (SCAN_HAS_H0, SCAN_STORE_HT, SCAN_USE_INDICES, causal_decay, chunk_row_scalings, chunk_rows,
                      load_state_tile, row_tile_desc, sequence_bounds, store_state_tile, wgmma_layout)
+from .scan_sm90_ws import scan_chunks_warp_specialized
 
 
 @gluon.jit
@@ -44,37 +45,18 @@ def _load_tiles(bar, row, desc_a, buf_a, desc_b, buf_b):
 
 
 @gluon.jit
-def scan_kernel(q, k, w, u, gam, qg, kg, cu_seqlens, h0, ht, state_indices, o, scale, T, H, HV, flags,
-                K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, IS_VARLEN: gl.constexpr,
-                TRANSPOSE_STATE: gl.constexpr, num_warps: gl.constexpr):
-    dtype: gl.constexpr = q.dtype.element_ty
-    i_n = gl.program_id(0)
-    i_hv = gl.program_id(1)
-    i_v = gl.program_id(2)
-    i_h = i_hv // (HV // H)
-    bos, seq_len = sequence_bounds(i_n, cu_seqlens, T, IS_VARLEN)
-    n_chunks = gl.cdiv(seq_len, BT)
-
-    # --- wgmma accumulator layouts: o and v_new [BT, BV], the intra-chunk scores [BT, BT], the state [K, BV].
+def _scan_chunks(h, n_chunks, seq_len, q_desc, k_desc, w_desc, u_desc, o_desc, gam_head, qg_head, kg_head, HV,
+                 scale):
+    """The chunk loop on one warpgroup (or two at BV = 128); returns the final state."""
+    dtype: gl.constexpr = q_desc.block_type.element_ty
+    BT: gl.constexpr = q_desc.block_type.shape[0]
+    K: gl.constexpr = q_desc.block_type.shape[1]
+    BV: gl.constexpr = o_desc.block_type.shape[1]
+    num_warps: gl.constexpr = gl.num_warps()
+    # --- wgmma accumulator layouts: o and v_new [BT, BV], the intra-chunk scores [BT, BT].
     acc_tv: gl.constexpr = wgmma_layout(BT, BV, num_warps)
     acc_tt: gl.constexpr = wgmma_layout(BT, BT, num_warps)
-    acc_kv: gl.constexpr = wgmma_layout(K, BV, num_warps)
     rows_tv: gl.constexpr = gl.SliceLayout(1, acc_tv)
-
-    # --- the state: slot i_n, or the caller's pool slot; a negative slot starts from zero and is not written.
-    slot = i_n
-    if flags & SCAN_USE_INDICES:
-        slot = gl.load(state_indices + i_n)
-    h = load_state_tile(h0, slot, i_hv, i_v, HV, ((flags & SCAN_HAS_H0) != 0) & (slot >= 0), K, V, BV,
-                        TRANSPOSE_STATE, acc_kv)
-
-    # --- per-sequence TMA descriptors (row bound = seq_len).
-    row0 = bos.to(gl.int64)
-    q_desc = row_tile_desc(q + row0 * H * K + i_h * K, H * K, seq_len, BT, K)
-    k_desc = row_tile_desc(k + row0 * H * K + i_h * K, H * K, seq_len, BT, K)
-    w_desc = row_tile_desc(w + row0 * HV * K + i_hv * K, HV * K, seq_len, BT, K)
-    u_desc = row_tile_desc(u + row0 * HV * V + i_hv * V + i_v * BV, HV * V, seq_len, BT, BV)
-    o_desc = row_tile_desc(o + row0 * HV * V + i_hv * V + i_v * BV, HV * V, seq_len, BT, BV)
 
     # --- shared memory: q, k rings of two chunks; single buffers for w and for what the MMAs exchange.
     q_ring = gl.allocate_shared_memory(dtype, [2, BT, K], q_desc.layout)
@@ -91,9 +73,6 @@ def scan_kernel(q, k, w, u, gam, qg, kg, cu_seqlens, h0, ht, state_indices, o, s
 
     # per-row chunk data, loaded during the chunk before (off the critical path), straight in the layouts of
     # the MMA results that use them
-    gam_head = gam + row0 * HV + i_hv
-    qg_head = qg + row0 * HV + i_hv
-    kg_head = kg + row0 * HV + i_hv
     qg_r, kg_r, kg_c, gam_last = chunk_rows(gam_head, qg_head, kg_head, 0, seq_len, HV, BT, rows_tv,
                                             gl.SliceLayout(0, acc_tt))
 
@@ -163,6 +142,45 @@ def scan_kernel(q, k, w, u, gam, qg, kg, cu_seqlens, h0, ht, state_indices, o, s
     tma.store_wait(0)
     for b in gl.static_range(4):
         mbarrier.invalidate(bars.index(b))
+    return h
 
+
+@gluon.jit
+def scan_kernel(q, k, w, u, gam, qg, kg, cu_seqlens, h0, ht, state_indices, o, scale, T, H, HV, flags,
+                K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, IS_VARLEN: gl.constexpr,
+                TRANSPOSE_STATE: gl.constexpr, WARP_SPECIALIZE: gl.constexpr, num_warps: gl.constexpr):
+    i_n = gl.program_id(0)
+    i_hv = gl.program_id(1)
+    i_v = gl.program_id(2)
+    i_h = i_hv // (HV // H)
+    bos, seq_len = sequence_bounds(i_n, cu_seqlens, T, IS_VARLEN)
+    n_chunks = gl.cdiv(seq_len, BT)
+
+    # --- the state [K, BV] in the wgmma accumulator layout: slot i_n, or the caller's pool slot; a negative
+    # slot starts from zero and is not written.
+    acc_kv: gl.constexpr = wgmma_layout(K, BV, num_warps)
+    slot = i_n
+    if flags & SCAN_USE_INDICES:
+        slot = gl.load(state_indices + i_n)
+    h = load_state_tile(h0, slot, i_hv, i_v, HV, ((flags & SCAN_HAS_H0) != 0) & (slot >= 0), K, V, BV,
+                        TRANSPOSE_STATE, acc_kv)
+
+    # --- per-sequence TMA descriptors (row bound = seq_len) and the sequence's per-row data of this value head.
+    row0 = bos.to(gl.int64)
+    q_desc = row_tile_desc(q + row0 * H * K + i_h * K, H * K, seq_len, BT, K)
+    k_desc = row_tile_desc(k + row0 * H * K + i_h * K, H * K, seq_len, BT, K)
+    w_desc = row_tile_desc(w + row0 * HV * K + i_hv * K, HV * K, seq_len, BT, K)
+    u_desc = row_tile_desc(u + row0 * HV * V + i_hv * V + i_v * BV, HV * V, seq_len, BT, BV)
+    o_desc = row_tile_desc(o + row0 * HV * V + i_hv * V + i_v * BV, HV * V, seq_len, BT, BV)
+    gam_head = gam + row0 * HV + i_hv
+    qg_head = qg + row0 * HV + i_hv
+    kg_head = kg + row0 * HV + i_hv
+
+    if WARP_SPECIALIZE:
+        h = scan_chunks_warp_specialized(h, n_chunks, seq_len, q_desc, k_desc, w_desc, u_desc, o_desc, gam_head,
+                                         qg_head, kg_head, HV, scale)
+    else:
+        h = _scan_chunks(h, n_chunks, seq_len, q_desc, k_desc, w_desc, u_desc, o_desc, gam_head, qg_head,
+                         kg_head, HV, scale)
     store_state_tile(ht, h, slot, i_hv, i_v, HV, ((flags & SCAN_STORE_HT) != 0) & (slot >= 0), K, V, BV,
                      TRANSPOSE_STATE)

@@ -179,7 +179,11 @@ def chunk_gated_delta_rule(
         fwd.load()
     if _current_device is None:
         _bind_cuda()
-    scan = fwd.scan_small if num_seqs * HV < fwd.small_below else fwd.scan_large  # fwd.scan_for(), inline
+    programs = num_seqs * HV  # fwd.scan_for(programs), inline
+    if programs <= fwd.wave_upto:
+        scan = fwd.wave_table[programs]
+    else:
+        scan = fwd.scan_small if programs < fwd.small_below else fwd.scan_large
     size = fwd.workspace_bytes(scan, B, T, num_seqs, H, HV)
     work = torch.empty(size, device=device, dtype=_U8)
     ws = work.data_ptr()

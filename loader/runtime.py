@@ -252,6 +252,13 @@ class Forward:
                              BV=arts.choose_BV("gdn_scan", programs, sm_count))
         self.scan_large = scan(self.small_below)
         self.scan_small = scan(0) if self.small_below else self.scan_large
+        # the single-wave tier, ahead of the two above: (most num_seqs * HV, variant), fewest programs first
+        self.single_wave = arts.single_wave_scans(dtype=dtype, K=K, V=V, varlen=varlen, transpose=transpose,
+                                                  sm_count=sm_count)
+        self.wave_upto = self.single_wave[-1][0] if self.single_wave else -1
+        # its choice for every num_seqs * HV it covers, as a list to index (the API's per-call lookup)
+        self.wave_table = [next((k for upto, k in self.single_wave if p <= upto), None)
+                           for p in range(self.wave_upto + 1)]
         self.manifest, self.device_index, self.BT = arts.manifest, arts.device_index, self.prepare.BT
         self.V, self.varlen = V, varlen
         self.elt = {"bf16": 2, "fp16": 2}[dtype]  # bytes per q, k, v element
@@ -260,8 +267,15 @@ class Forward:
         self.launcher: Launcher | None = None  # set by load()
 
     def scan_for(self, programs: int) -> Kernel:
-        """The gdn_scan variant for num_seqs * HV programs (ArtifactSet.choose_BV's rule)."""
+        """The gdn_scan variant for num_seqs * HV programs: the single-wave tier (ArtifactSet.single_wave_scans)
+        when it covers them, else ArtifactSet.choose_BV's rule."""
+        if programs <= self.wave_upto:
+            return self.wave_table[programs]
         return self.scan_small if programs < self.small_below else self.scan_large
+
+    @property
+    def scans(self) -> tuple[Kernel, ...]:
+        return (self.scan_small, self.scan_large) + tuple(k for _, k in self.single_wave)
 
     def load(self) -> None:
         """Load the kernels on the device (in its primary context, whatever device is current) and bind the
@@ -269,7 +283,7 @@ class Forward:
         import torch
 
         with torch.cuda.device(self.device_index):
-            for kernel in (self.prepare, self.scan_small, self.scan_large):
+            for kernel in (self.prepare, ) + self.scans:
                 kernel.load()
         launcher = Launcher.open(self.manifest.launcher_path())
         if launcher.forward is None:
@@ -294,7 +308,7 @@ class Forward:
 
     def failed(self, r: int, args: bytes):
         """Raise the DriverError of a gdn_aot_forward that returned r, with its arguments."""
-        keys = {k.handle: k.key for k in (self.prepare, self.scan_small, self.scan_large) if k.handle}
+        keys = {k.handle: k.key for k in (self.prepare, ) + self.scans if k.handle}
         values = ", ".join(f"{f[0]}={keys.get(x, x) if i < 2 else x}"
                            for i, (f, x) in enumerate(zip(FORWARD_ARG_FIELDS, FORWARD_ARGS.unpack(args))))
         raise DriverError(f"gdn_aot_forward failed: CUresult {r} ({self.launcher.error_string(r)}); {values}", r)
@@ -342,6 +356,25 @@ class ArtifactSet:
         allowed; 0: no such rule)."""
         d = self.dispatch(kernel)
         return d.get("small_batch_factor", 2) * sm_count if "small_batch_BV" in d else 0
+
+    def single_wave_scans(self, *, dtype: str, K: int, V: int, varlen: bool, transpose: bool,
+                          sm_count: int) -> list[tuple[int, Kernel]]:
+        """The spec's single-wave rule for gdn_scan as [(most num_seqs * HV, variant)], smallest BV first: the
+        built variants with num_warps == single_wave_warps, each taking the batches whose grid
+        num_seqs * HV * V / BV fits one program an SM and that no smaller BV takes. Empty without the rule."""
+        warps = self.dispatch("gdn_scan").get("single_wave_warps")
+        if warps is None:
+            return []
+        want = {"dtype": dtype, "K": K, "V": V, "varlen": varlen, "transpose": transpose}
+        bvs = sorted(e["axes"]["BV"] for e in self.manifest.variants.values()
+                     if e["kernel"] == "gdn_scan" and e["num_warps"] == warps
+                     and all(e["axes"][a] == x for a, x in want.items()))
+        tiers = []
+        for bv in bvs:
+            upto = sm_count // (V // bv)
+            if upto > (tiers[-1][0] if tiers else 0):
+                tiers.append((upto, self.pick("gdn_scan", BV=bv, num_warps=warps, **want)))
+        return tiers
 
     def choose_BV(self, kernel: str, programs: int, sm_count: int) -> int | None:
         """The spec's preference: small_batch_BV when programs (num_seqs * HV) < small_batch_factor * SMs,

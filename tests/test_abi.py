@@ -163,7 +163,7 @@ def test_forward_plan_matches_the_loader(tiny_build, arch, cap):
     lib = Launcher.open(arts.manifest.verify_launcher())
     for transpose in (False, True):
         fwd = arts.forward("bf16", 128, 128, True, transpose, sm_count=132)
-        for scan in {fwd.scan_small, fwd.scan_large}:
+        for scan in set(fwd.scans):
             prep_s, scan_s = KernelStruct(scratch_size=fwd.prepare.scratch_size), KernelStruct(
                 scratch_size=scan.scratch_size)
             for B, T, n, H, HV, varlen in SHAPES:

@@ -155,6 +155,22 @@ def test_gate_extremes(g_range):
     run_case(f"g in {g_range}", [1000, 37, 300], g_range=g_range)
 
 
+@pytest.mark.parametrize("tier", ["single_wave", "small_batch", "default"])
+@pytest.mark.parametrize("transpose", [False, True])
+def test_every_scan_tier(tier, transpose, monkeypatch):
+    """The gdn_scan variant of each dispatch tier (on the sm_90a artifacts: warp-specialised, BV 32, BV 128),
+    forced on one odd-length batch: which tier a batch lands in must not change the result."""
+    from gdn_aot.loader import Artifacts
+
+    fwd = Artifacts.for_device(torch.cuda.current_device()).forward("bf16", K, V, True, transpose)
+    if tier == "single_wave" and not fwd.single_wave:
+        pytest.skip("these artifacts have no single-wave tier")
+    chosen = {"single_wave": fwd.scan_for(1), "small_batch": fwd.scan_small, "default": fwd.scan_large}[tier]
+    monkeypatch.setattr(fwd, "wave_upto", 1 << 12)
+    monkeypatch.setattr(fwd, "wave_table", [chosen] * ((1 << 12) + 1))
+    run_case(f"{tier} tier ({chosen.key}) transpose={transpose}", [1, 63, 0, 65, 130, 1000], transpose=transpose)
+
+
 def test_qwen_shape_long():
     run_case("H=16 HV=32 1x8192", [8192], H=16, HV=32, compare_fla=True)
 

@@ -17,6 +17,7 @@ from gdn_aot.loader import (
 )
 from gdn_aot.kernels import KERNELS, PREPARE_L2NORM
 from gdn_aot.loader.artifacts import LAUNCHER_ABI_VERSION
+from gdn_aot.loader.runtime import Forward
 
 from conftest import run_cli
 
@@ -78,6 +79,23 @@ def test_choose_bv(tiny_build):
     assert s.choose_BV("gdn_scan", programs=65, sm_count=132) == 64
     assert s.choose_BV("gdn_scan", programs=66, sm_count=132) == 128
     assert s.choose_BV("gdn_prepare", programs=1, sm_count=132) is None
+
+
+def test_single_wave_tier(tiny_build):
+    """specs/tiny.yaml's sm_90a rule (single_wave_warps: 16, BV 64 built): the warp-specialised variant takes the
+    batches whose num_seqs * HV * V / BV programs fit one an SM, the default variant the rest; sm_100a has no
+    such rule."""
+    s = Artifacts.for_device(0, capability=(9, 0), root=tiny_build.out)
+    fwd = s.forward("bf16", 128, 128, True, False, sm_count=132)
+    ((upto, ws),) = fwd.single_wave
+    assert upto == 66 and ws.axes["BV"] == 64 and ws.entry["num_warps"] == 16 and ".w16s1" in ws.key
+    assert fwd.scan_for(1) is fwd.scan_for(66) is ws and fwd.wave_table == [ws] * 67
+    assert fwd.scan_for(67) is fwd.scan_large and fwd.scan_large.entry["num_warps"] == 4
+    assert fwd.scan_for(20) is not s.forward("bf16", 128, 128, True, True, sm_count=132).scan_for(20)  # layouts
+    assert Forward(s, "bf16", 128, 128, True, False, sm_count=16).scan_for(9) is fwd.scan_large  # 9 * 2 > 16
+    assert s.pick("gdn_scan", dtype="bf16", varlen=True).entry["num_warps"] == 4  # plain picks: fewest warps
+    b = Artifacts.for_device(0, capability=(10, 0), root=tiny_build.out)
+    assert b.forward("bf16", 128, 128, True, False, sm_count=148).single_wave == []
 
 
 def test_variant_not_built_says_what_exists_and_how_to_build(tiny_build):

@@ -61,6 +61,8 @@ def spec_error(tmp_path, text) -> SpecError:
      "dispatch.sm_90a.gdn_scan.small_batch_factor", "0"),
     (BASE + "dispatch: {sm_90a: {gdn_scan: {small_batch_factor: two}}}\n",
      "dispatch.sm_90a.gdn_scan.small_batch_factor", "two"),
+    (BASE + "dispatch: {sm_90a: {gdn_scan: {single_wave_warps: 16}}}\n",  # BASE builds 4 warps only
+     "dispatch.sm_90a.gdn_scan.single_wave_warps", "16"),
 ])
 def test_error_names_file_key_and_value(tmp_path, text, keypath, value):
     e = spec_error(tmp_path, text)
@@ -111,22 +113,25 @@ def test_invalid_yaml(tmp_path):
 
 def test_shipped_specs_enumerate():
     q = load_spec(REPO / "specs" / "qwen35.yaml")
-    # prepare: dtype x varlen; scan: dtype x varlen x transpose x (BV, warps): sm_90a BV 32/w4, 64/w4, 128/w8;
-    # sm_100a BV 64/w4, 128/w4
-    per_arch = {"sm_90a": {"gdn_prepare": 4, "gdn_scan": 24}, "sm_100a": {"gdn_prepare": 4, "gdn_scan": 16}}
+    # prepare: dtype x varlen; scan: dtype x varlen x transpose x (BV, warps): sm_90a BV 32/w4, 64/w4, 128/w8,
+    # 32/w16, 64/w16 (warp-specialised, varlen only); sm_100a BV 64/w4, 128/w4
+    per_arch = {"sm_90a": {"gdn_prepare": 4, "gdn_scan": 32}, "sm_100a": {"gdn_prepare": 4, "gdn_scan": 16}}
     for arch, counts in per_arch.items():
         vs = q.for_arch(arch)
         assert {v.kernel for v in vs} == set(counts) == set(KERNELS)  # no gdn_l2norm: fused into both
         assert {k: sum(v.kernel == k for v in vs) for k in counts} == counts
-        assert all(v.K == 128 and v.V == 128 and v.num_warps in (4, 8) for v in vs)
+        assert all(v.K == 128 and v.V == 128 and v.num_warps in (4, 8, 16) for v in vs)
     assert {(v.BV, v.num_warps) for v in q.for_arch("sm_90a") if v.kernel == "gdn_scan"} == {
-        (32, 4), (64, 4), (128, 8)}
+        (32, 4), (64, 4), (128, 8), (32, 16), (64, 16)}
     assert {v.BV for v in q.for_arch("sm_100a") if v.kernel == "gdn_scan"} == {64, 128}
-    assert len(q.variants) == 48 and len({v.key for v in q.variants}) == 48
+    assert len(q.variants) == 56 and len({v.key for v in q.variants}) == 56
+    ws = [v for v in q.for_arch("sm_90a") if v.num_warps == q.dispatch["sm_90a"]["gdn_scan"]["single_wave_warps"]]
+    assert {(v.kernel, v.BV, v.varlen) for v in ws} == {("gdn_scan", 32, True), ("gdn_scan", 64, True)}
+    assert len(ws) == 8
     t = load_spec("tiny")  # a shipped spec by name
-    assert len(t.variants) == 6
+    assert len(t.variants) == 8
     assert {v.kernel for v in t.variants} == set(KERNELS)
-    assert sorted(v.transpose for v in t.for_arch("sm_90a") if v.kernel == "gdn_scan") == [False, True]
+    assert sorted(v.transpose for v in t.for_arch("sm_90a") if v.kernel == "gdn_scan") == [False, False, True, True]
     assert {v.dtype for v in t.variants} == {"bf16"}
     prep = [v for v in q.variants if v.kernel == "gdn_prepare"]  # BV and transpose unused: their defaults
     assert all(v.BT == 64 and v.BK == 128 and v.BV == 128 and not v.transpose and v.num_warps == 4 for v in prep)
