@@ -8,6 +8,7 @@ The forward is two launches (docs/gdn-math.md has the math):
                normalised copy reaches HBM)
   gdn_scan     one program per (sequence, value head, V tile): walks the chunks with the state on chip and
                writes the output of every chunk as it goes, so no per-chunk state or v_new reaches HBM
+               (sm_90a also has a warp-specialised variant, SCAN_WS_WARPS warps, for batches of one wave)
 """
 from .registry import KernelDef, Variant
 

@@ -2,16 +2,22 @@
 
 Same program, grid, arguments and math as scan_sm90.py (steps 4-5 of docs/gdn-math.md); one program per
 (sequence, value head, V tile) walks the chunks in order. What a single warpgroup did in sequence is split
-between three partitions that meet at mbarriers over two-slot shared-memory rings:
+between partitions that meet at mbarriers over two-slot shared-memory rings:
   * state (the default partition, 4 warps): h -> w h -> v_new = u - w h -> h = e^gam_last h + k^T v_dec.
-    Only this chain is serial from chunk to chunk, and nothing else issues from its warps;
-  * output (4 warps): q k^T masked by the decay, q h from the h slot the state partition published, then
-    o = scale e^gam (q h) + P v_new, out by TMA. Chunk c's output overlaps chunk c + 1's state step;
+    Only this chain is serial from chunk to chunk, and nothing else issues from its warps (~290 instructions
+    a chunk, against ~1,050 for the single-warpgroup scan);
+  * output (two partitions of 4 warps, even and odd chunks): q k^T masked by the decay, q h from the h slot the
+    state partition published, then o = scale e^gam (q h) + P v_new, out by TMA. One output partition took ~2 us
+    a chunk on the H200 (0.75 us of it the masked exponentials) against the state chain's ~1.0 us, so two
+    alternate and chunk c's output overlaps the state steps of c + 1 and c + 2;
   * load (1 warp): TMA of q, k, w, u, two chunks ahead of their consumers.
-Each warp scheduler thus interleaves a state warp and an output warp, instead of exposing every instruction's
-latency of one warp: meant for the latency-bound class (a few long sequences, BV <= 64).
-Rings (slot c % 2, phase (c // 2) & 1): q/k (released by both consumers: count 2), w, u (state), h (written by
-state, read by both), v_new (written by state, read by output). v_dec and the o staging tile are private.
+Each warp scheduler interleaves warps of all three instead of exposing every instruction's latency of one warp.
+One program an SM (144 KB at BV 32, 189 KB at BV 64): meant for batches whose grid fits one wave.
+Rings (slot c % 2, phase (c // 2) & 1): q/k (released by the state and the chunk's output partition: count
+2), w, u (state), h (written by state, read by both), v_new (written by state, read by output). v_dec and the
+o staging tiles are private.
+Registers: the kernel is compiled at 128 a thread (16 warps, a full register file); setmaxnreg gives each
+output partition OUTPUT_REGS, the load warp 24 and the state partition the rest (168).
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -118,8 +124,8 @@ def _state_partition(h, n_chunks, k_ring, w_ring, u_ring, h_ring, v_new_ring, v_
     for c in range(n_chunks):
         s = c % NUM_SLOTS
         phase = (c // NUM_SLOTS) & 1
-        qg_r, kg_r, kg_c, gam_last = chunk_rows(gam_head, qg_head, kg_head, c, seq_len, HV, BT,
-                                                gl.SliceLayout(1, acc_tv), gl.SliceLayout(0, acc_tt))
+        _, kg_r, _, gam_last = chunk_rows(gam_head, qg_head, kg_head, c, seq_len, HV, BT,
+                                          gl.SliceLayout(1, acc_tv), gl.SliceLayout(0, acc_tt))
         # publish h_c: read by w h here and by q h in the output partition
         mbarrier.wait(h_empty.index(s), phase ^ 1)
         h_ring.index(s).store(h.to(dtype))
@@ -159,11 +165,13 @@ def scan_chunks_warp_specialized(h, n_chunks, seq_len, q_desc, k_desc, w_desc, u
     k_ring = gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, K], k_desc.layout)
     w_ring = gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, K], w_desc.layout)
     u_ring = gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, BV], u_desc.layout)
-    h_ring = gl.allocate_shared_memory(dtype, [NUM_SLOTS, K, BV], gl.NVMMASharedLayout.get_default_for([K, BV], dtype))
+    h_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([K, BV], dtype)
+    h_ring = gl.allocate_shared_memory(dtype, [NUM_SLOTS, K, BV], h_layout)
     v_new_ring = gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, BV], o_desc.layout)
     v_dec_smem = gl.allocate_shared_memory(dtype, [BT, BV], o_desc.layout)
     o_stage = gl.allocate_shared_memory(dtype, [2, BT, BV], o_desc.layout)  # one per output partition
-    # ready/empty barrier pairs of the rings: q/k, w, u, h, v_new
+    # ready/empty barrier pairs of the rings: (q/k ready, q/k empty, w ready, w empty, u ready, u empty,
+    # h ready, h empty, v_new ready, v_new empty)
     bars = (_ring_barriers(1), _ring_barriers(2), _ring_barriers(1), _ring_barriers(1), _ring_barriers(1),
             _ring_barriers(1), _ring_barriers(1), _ring_barriers(1), _ring_barriers(1), _ring_barriers(1))
     worker_args = (q_desc, k_desc, w_desc, u_desc, n_chunks, q_ring, k_ring, w_ring, u_ring, bars, h_ring,

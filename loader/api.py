@@ -179,10 +179,10 @@ def chunk_gated_delta_rule(
         fwd.load()
     if _current_device is None:
         _bind_cuda()
-    programs = num_seqs * HV  # fwd.scan_for(programs), inline
+    programs = num_seqs * HV
     if programs <= fwd.wave_upto:
-        scan = fwd.wave_table[programs]
-    else:
+        scan = fwd.scan_for(programs)
+    else:  # fwd.scan_for(), inline
         scan = fwd.scan_small if programs < fwd.small_below else fwd.scan_large
     size = fwd.workspace_bytes(scan, B, T, num_seqs, H, HV)
     work = torch.empty(size, device=device, dtype=_U8)

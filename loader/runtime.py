@@ -256,9 +256,6 @@ class Forward:
         self.single_wave = arts.single_wave_scans(dtype=dtype, K=K, V=V, varlen=varlen, transpose=transpose,
                                                   sm_count=sm_count)
         self.wave_upto = self.single_wave[-1][0] if self.single_wave else -1
-        # its choice for every num_seqs * HV it covers, as a list to index (the API's per-call lookup)
-        self.wave_table = [next((k for upto, k in self.single_wave if p <= upto), None)
-                           for p in range(self.wave_upto + 1)]
         self.manifest, self.device_index, self.BT = arts.manifest, arts.device_index, self.prepare.BT
         self.V, self.varlen = V, varlen
         self.elt = {"bf16": 2, "fp16": 2}[dtype]  # bytes per q, k, v element
@@ -270,7 +267,7 @@ class Forward:
         """The gdn_scan variant for num_seqs * HV programs: the single-wave tier (ArtifactSet.single_wave_scans)
         when it covers them, else ArtifactSet.choose_BV's rule."""
         if programs <= self.wave_upto:
-            return self.wave_table[programs]
+            return next(k for upto, k in self.single_wave if programs <= upto)
         return self.scan_small if programs < self.small_below else self.scan_large
 
     @property

@@ -166,8 +166,8 @@ def test_every_scan_tier(tier, transpose, monkeypatch):
     if tier == "single_wave" and not fwd.single_wave:
         pytest.skip("these artifacts have no single-wave tier")
     chosen = {"single_wave": fwd.scan_for(1), "small_batch": fwd.scan_small, "default": fwd.scan_large}[tier]
-    monkeypatch.setattr(fwd, "wave_upto", 1 << 12)
-    monkeypatch.setattr(fwd, "wave_table", [chosen] * ((1 << 12) + 1))
+    monkeypatch.setattr(fwd, "single_wave", [(1 << 30, chosen)])
+    monkeypatch.setattr(fwd, "wave_upto", 1 << 30)
     run_case(f"{tier} tier ({chosen.key}) transpose={transpose}", [1, 63, 0, 65, 130, 1000], transpose=transpose)
 
 

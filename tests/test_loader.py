@@ -89,7 +89,7 @@ def test_single_wave_tier(tiny_build):
     fwd = s.forward("bf16", 128, 128, True, False, sm_count=132)
     ((upto, ws),) = fwd.single_wave
     assert upto == 66 and ws.axes["BV"] == 64 and ws.entry["num_warps"] == 16 and ".w16s1" in ws.key
-    assert fwd.scan_for(1) is fwd.scan_for(66) is ws and fwd.wave_table == [ws] * 67
+    assert fwd.scan_for(1) is fwd.scan_for(66) is ws
     assert fwd.scan_for(67) is fwd.scan_large and fwd.scan_large.entry["num_warps"] == 4
     assert fwd.scan_for(20) is not s.forward("bf16", 128, 128, True, True, sm_count=132).scan_for(20)  # layouts
     assert Forward(s, "bf16", 128, 128, True, False, sm_count=16).scan_for(9) is fwd.scan_large  # 9 * 2 > 16
