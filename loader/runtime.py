@@ -363,9 +363,7 @@ class ArtifactSet:
         if warps is None:
             return []
         want = {"dtype": dtype, "K": K, "V": V, "varlen": varlen, "transpose": transpose}
-        bvs = sorted(e["axes"]["BV"] for e in self.manifest.variants.values()
-                     if e["kernel"] == "gdn_scan" and e["num_warps"] == warps
-                     and all(e["axes"][a] == x for a, x in want.items()))
+        bvs = sorted(self.manifest.variants[key]["axes"]["BV"] for key in self._matching("gdn_scan", want, warps))
         tiers = []
         for bv in bvs:
             upto = sm_count // (V // bv)
@@ -408,9 +406,7 @@ class ArtifactSet:
         uses = self.manifest.data.get("kernels", {}).get(kernel, {}).get("uses_axes")
         if uses is not None:  # an axis the kernel's code ignores holds one (default) value: do not match on it
             want = {a: x for a, x in want.items() if a in uses}
-        cands = [key for key, e in self.manifest.variants.items()
-                 if e["kernel"] == kernel and all(x is None or e["axes"][a] == x for a, x in want.items())
-                 and (num_warps is None or e["num_warps"] == num_warps)]
+        cands = self._matching(kernel, want, num_warps)
         if not cands:
             desc = ", ".join(f"{a}={x}" for a, x in want.items() if x is not None)
             raise self._not_built(f"{kernel} with {desc}", kernel)
@@ -422,6 +418,13 @@ class ArtifactSet:
         k = self.kernel(chosen)
         self._picked[cache_key] = k
         return k
+
+    def _matching(self, kernel: str, want: dict, num_warps: int | None) -> list[str]:
+        """Keys of the built variants of `kernel` whose axes equal `want`'s (None matches anything) and, unless
+        None, whose num_warps is `num_warps`."""
+        return [key for key, e in self.manifest.variants.items()
+                if e["kernel"] == kernel and all(x is None or e["axes"][a] == x for a, x in want.items())
+                and (num_warps is None or e["num_warps"] == num_warps)]
 
     def _not_built(self, what: str, kernel: str) -> VariantNotBuilt:
         m = self.manifest
