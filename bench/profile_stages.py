@@ -86,14 +86,13 @@ def host_profile(calls: int = 200):
     import cProfile
     import pstats
 
-    import gdn_aot
-    from bench import caller, host_time, make_inputs
+    from bench import GdnAot, cu_tensors, host_time, make_inputs
 
-    h = host_time(gdn_aot.chunk_gated_delta_rule, "int32", calls=calls)
+    run = GdnAot()
+    h = host_time(run, calls=calls)
     print(f"host time per call at T=64: call by call median {h['call_median_us']:.1f} us (min {h['call_min_us']:.1f}), "
           f"back to back median {h['host_us']:.1f} us (min {h['b2b_min_us']:.1f})", flush=True)
-    cu = torch.tensor([0, 64], device="cuda", dtype=torch.int32)
-    x, run = make_inputs([64], HV, 0, {"int32": cu}), caller(gdn_aot.chunk_gated_delta_rule, "int32")
+    x = run.prepare(make_inputs([64], HV, 0, cu_tensors([64])))
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(calls):

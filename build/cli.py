@@ -8,10 +8,10 @@ from pathlib import Path
 
 import click
 
-from gdn_aot import __version__
-from gdn_aot.build.manifest import MANIFEST, TSV, tsv
-from gdn_aot.loader.artifacts import Manifest, available_arches, sha256_file
-from gdn_aot.loader.errors import GdnAotError
+from .. import __version__
+from .manifest import MANIFEST, TSV, tsv
+from ..loader.artifacts import Manifest, available_arches, sha256_file
+from ..loader.errors import GdnAotError
 
 EPILOG_BUILD = """\b
 Examples:
@@ -52,10 +52,10 @@ def _fail(msg: str, code: int = 1):
 @click.option("--json", "as_json", is_flag=True, help="print the build report as JSON on stdout")
 def build(spec, arch, out, jobs, as_json):
     """Compile every variant of SPEC (a YAML file, or the name of a shipped spec)."""
-    from gdn_aot.build import compile as compile_mod
-    from gdn_aot.build.spec import SpecError, load_spec, resolve_arches
-    from gdn_aot.build.launcher import LauncherError
-    from gdn_aot.build.toolchain import ToolchainError
+    from . import compile as compile_mod
+    from .spec import SpecError, load_spec, resolve_arches
+    from .launcher import LauncherError
+    from .toolchain import ToolchainError
 
     try:
         s = load_spec(spec)
@@ -252,7 +252,7 @@ def inspect(dir, keys, dump_sass, as_json):
                 f"{p['name']}:{p['type']}->.{p['ptx']}" for p in e["params"]))
             click.echo("  SASS: " + " ".join(f"{k}={v}" for k, v in e.get("sass", {}).items()))
             if dump_sass:
-                from gdn_aot.build.sass import disassemble
+                from .sass import disassemble
 
                 click.echo(disassemble(m.dir / e["cubin"]["path"]))
     if as_json:
@@ -284,8 +284,8 @@ libgdn_aot_launch.so.<ABI>); PTX with --with-ptx; build logs never. docs/deploy.
 @click.option("--json", "as_json", is_flag=True, help="print what was written as JSON")
 def package(artifacts, into, wheel, out, arches, with_ptx, as_json):
     """Ship the artifacts built in ARTIFACTS: a runtime-only copy (--into) or a wheel carrying them (--wheel)."""
-    from gdn_aot.build.package import PackageError, add_to_wheel, copy_runtime
-    from gdn_aot.build.spec import ARCH_ALIASES
+    from .package import PackageError, add_to_wheel, copy_runtime
+    from .spec import ARCH_ALIASES
 
     if (into is None) == (wheel is None):
         raise click.UsageError("give exactly one of --into DIR and --wheel WHEEL")

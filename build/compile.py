@@ -1,7 +1,8 @@
 """Parallel, incremental compilation of a spec's variants, one worker subprocess per variant.
 
-Input hash of a variant = sha256 of (every kernels/*.py source text, the variant, its compile options, the triton
-version, the ptxas version, the build code version). A variant whose input hash matches the previous manifest's
+Input hash of a variant = sha256 of (every kernels/*.py source text, the variant, its signature (the launcher
+ABI's parameters, loader/abi.py) and compile options, the triton version, the ptxas version, the build code
+version). A variant whose input hash matches the previous manifest's
 and whose cubin is still intact is reused; everything else is compiled (in parallel, -j), checked (ABI against
 the PTX .entry, launch constraints), analysed (cuobjdump/nvdisasm) and written content-addressed. A failed
 variant is logged under OUT/<arch>/logs/<key>.log and left out of the manifest; the others still build.
@@ -21,13 +22,16 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from gdn_aot.build import abi, launcher, manifest, sass, toolchain
-from gdn_aot.build.spec import Spec
-from gdn_aot.kernels import KERNELS
-from gdn_aot.kernels.registry import Variant, arch_family
-from gdn_aot.loader.artifacts import LAUNCHER_ABI_VERSION, MANIFEST_SCHEMA_VERSION
+from ..kernels import KERNELS
+from ..kernels.registry import Variant
+from ..loader.abi import LAUNCHER_ABI_VERSION, MANIFEST_SCHEMA_VERSION
+from ..loader.dispatch import build_table
+from . import launcher, manifest, params, sass, toolchain
+from .spec import Spec
 
 WORKER_TIMEOUT_S = 900
+KERNELS_PACKAGE = importlib.util.resolve_name("..kernels", __package__)
+WORKER_MODULE = importlib.util.resolve_name(".worker", __package__)
 
 
 @dataclasses.dataclass
@@ -79,12 +83,12 @@ def _tree_sha(files) -> str:
 
 
 def kernels_source_sha() -> str:
-    return _tree_sha(Path(importlib.util.find_spec("gdn_aot.kernels").origin).parent.glob("*.py"))
+    return _tree_sha(Path(importlib.util.find_spec(KERNELS_PACKAGE).origin).parent.glob("*.py"))
 
 
 # the build modules whose code shapes a cubin or its manifest entry (the CLI, the spec parser and the launcher
 # generator do not: the variant itself is hashed, and the launcher has its own up-to-date check)
-HASHED_BUILD_MODULES = ("worker.py", "toolchain.py", "abi.py", "sass.py", "compile.py")
+HASHED_BUILD_MODULES = ("worker.py", "toolchain.py", "params.py", "sass.py", "compile.py")
 
 
 def build_code_version() -> str:
@@ -98,8 +102,8 @@ def compile_options(v: Variant) -> dict:
 
 
 def input_hash(v: Variant, common: dict) -> str:
-    doc = {"variant": v.as_dict(), "options": compile_options(v), **common,
-           "ptxas": toolchain.ptxas_version(v.arch)}
+    doc = {"variant": v.as_dict(), "options": compile_options(v), "signature": KERNELS[v.kernel].signature(v),
+           **common, "ptxas": toolchain.ptxas_version(v.arch)}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
@@ -107,10 +111,10 @@ def precheck(v: Variant) -> str:
     """Why the variant cannot compile, found without starting a worker; '' if none."""
     kd = KERNELS[v.kernel]
     try:
-        abi.variant_params(kd, v)
-    except abi.AbiError as e:
+        params.variant_params(kd, v)
+    except params.AbiError as e:
         return str(e)
-    module = kd.sources[arch_family(v.arch)].split(":")[0]
+    module = kd.module(v.arch)
     if importlib.util.find_spec(module) is None:
         return f"kernel source module {module} does not exist (yet): nothing to compile for {v.kernel} on {v.arch}"
     return ""
@@ -146,7 +150,7 @@ def compile_one(v: Variant, h: str, arch_dir: Path, tmp_root: Path) -> Result:
     job_dir = Path(tempfile.mkdtemp(dir=tmp_root, prefix="job-"))
     job = {"variant": v.as_dict(), "out_dir": str(job_dir)}
     try:
-        r = subprocess.run([sys.executable, "-m", "gdn_aot.build.worker"], input=json.dumps(job), text=True,
+        r = subprocess.run([sys.executable, "-m", WORKER_MODULE], input=json.dumps(job), text=True,
                            capture_output=True, cwd=job_dir, env=toolchain.sanitized_env(tmp_root / "triton"),
                            timeout=WORKER_TIMEOUT_S)
         log, rc = r.stdout + r.stderr, r.returncode
@@ -159,7 +163,7 @@ def compile_one(v: Variant, h: str, arch_dir: Path, tmp_root: Path) -> Result:
         return Result(v, "failed", time.perf_counter() - t0, error=last[0][:300], log=log)
     try:
         entry = _finish(v, h, job_dir, arch_dir)
-    except (abi.AbiError, RuntimeError, OSError, KeyError, ValueError) as e:
+    except (params.AbiError, RuntimeError, OSError, KeyError, ValueError) as e:
         return Result(v, "failed", time.perf_counter() - t0, error=str(e)[:300], log=f"{log}\n{e}")
     finally:
         shutil.rmtree(job_dir, ignore_errors=True)
@@ -174,10 +178,10 @@ def _finish(v: Variant, h: str, job_dir: Path, arch_dir: Path) -> dict:
         raise ValueError(why)
     if meta["num_warps"] != v.num_warps:  # the launcher starts the cubin's warps; the key must say the same
         raise ValueError(f"the cubin runs {meta['num_warps']} warps, the variant names {v.num_warps}")
-    params = abi.variant_params(kd, v)
+    plist = params.variant_params(kd, v)
     ptx = (job_dir / "kernel.ptx").read_bytes()
-    abi.check_against_ptx(params, ptx.decode(), meta["entry"])
-    abi.check_against_cubin(params, job_dir / "kernel.cubin")
+    params.check_against_ptx(plist, ptx.decode(), meta["entry"])
+    params.check_against_cubin(plist, job_dir / "kernel.cubin")
     cubin = (job_dir / "kernel.cubin").read_bytes()
     digest = hashlib.sha256(cubin).hexdigest()
     rel, ptx_rel = f"cubins/{digest}.cubin", f"ptx/{digest}.ptx"
@@ -192,7 +196,7 @@ def _finish(v: Variant, h: str, job_dir: Path, arch_dir: Path) -> dict:
         "num_warps": meta["num_warps"], "num_stages": meta["num_stages"], "shared": meta["shared"],
         "global_scratch_size": meta["global_scratch_size"], "global_scratch_align": meta["global_scratch_align"],
         "profile_scratch_size": meta["profile_scratch_size"], "tmem_size": meta.get("tmem_size") or 0,
-        "params": params, "grid": kd.grid, "input_hash": h, **facts,
+        "params": plist, "grid": kd.grid, "input_hash": h, **facts,
     }
 
 
@@ -236,8 +240,8 @@ def build(spec: Spec, arches, out: Path, jobs: int | None = None,
     return Report(out, tuple(arches), flat, time.perf_counter() - t_start, launchers)
 
 
-def _write_arch(spec: Spec, arch: str, arch_dir: Path, results: list[Result], prev: dict, common: dict,
-                out: Path) -> dict:
+def _write_logs(arch_dir: Path, results: list[Result], out: Path) -> dict:
+    """A log per failed variant (the failed dict of the manifest); logs of variants that now build are removed."""
     logs = arch_dir / "logs"
     failed = {}
     for r in results:
@@ -249,14 +253,28 @@ def _write_arch(spec: Spec, arch: str, arch_dir: Path, results: list[Result], pr
     for log in logs.glob("*.log"):  # logs of variants that now build, or left the spec
         if f"logs/{log.name}" not in failed.values():
             log.unlink()
+    return failed
+
+
+def kernel_entries(kernel_names) -> dict:
+    """The manifest's `kernels`: per family its axes, grid rule, launch function and parameter list."""
+    return {name: {"uses_axes": sorted(KERNELS[name].uses_axes), "grid": KERNELS[name].grid, "doc": KERNELS[name].doc,
+                   "launch_function": f"gdn_aot_launch_{name}",
+                   "params": [{k: p[k] for k in ("name", "type", "ctype")}
+                              for p in params.family_params(KERNELS[name])]}
+            for name in kernel_names}
+
+
+def _write_arch(spec: Spec, arch: str, arch_dir: Path, results: list[Result], prev: dict, common: dict,
+                out: Path) -> dict:
+    """The arch's logs, dispatch table, launcher and (last) manifest; returns the launcher's manifest entry."""
+    failed = _write_logs(arch_dir, results, out)
     kernel_names = list(dict.fromkeys(v.kernel for v in spec.for_arch(arch)))
-    lent = launcher.build(arch, kernel_names, arch_dir / "launcher", prev.get("launcher"))
-    kernels = {}
-    for name in kernel_names:
-        kd = KERNELS[name]
-        kernels[name] = {"uses_axes": sorted(kd.uses_axes), "grid": kd.grid, "doc": kd.doc,
-                         "launch_function": f"gdn_aot_launch_{name}",
-                         "params": [{k: p[k] for k in ("name", "type", "ctype")} for p in abi.family_params(kd)]}
+    variants = {r.key: r.entry for r in results if r.status != "failed"}
+    kernels = kernel_entries(kernel_names)
+    prefs = spec.dispatch.get(arch, {})
+    table = build_table(prefs, variants, {name: k["uses_axes"] for name, k in kernels.items()})
+    lent = launcher.build(arch, kernel_names, arch_dir / "launcher", prev.get("launcher"), table)
     data = {
         "schema_version": MANIFEST_SCHEMA_VERSION, "arch": arch,
         "triton_version": common["triton"], "ptxas_version": toolchain.ptxas_version(arch),
@@ -264,9 +282,8 @@ def _write_arch(spec: Spec, arch: str, arch_dir: Path, results: list[Result], pr
         "kernels_source_sha256": common["kernels_source"],
         "spec": {"path": str(Path(spec.path).resolve()), "sha256": spec.sha256},
         "launcher": {k: x for k, x in lent.items() if not k.startswith("_")},
-        "kernels": kernels, "dispatch": spec.dispatch.get(arch, {}),
-        "variants": {r.key: r.entry for r in results if r.status != "failed"},
-        "failed": failed,
+        "kernels": kernels, "dispatch": {"spec": prefs, "table": table},
+        "variants": variants, "failed": failed,
     }
     manifest.write(arch_dir, data)
     return lent

@@ -1,10 +1,12 @@
 """Generate the C launcher (jinja2 templates in build/templates) and compile it into a versioned shared library.
 
-One launch function per kernel family (the family's runtime params from the registry, then global_scratch),
-and, when both families are built, gdn_aot_forward: the whole forward (both launches, grids and workspace layout
-computed in C) from one argument struct, the one call per forward the Python API makes. The header is the
-documented C ABI. cuda.h comes from triton's bundled include dir; libcuda is dlopen'ed at run time, so neither
-building nor loading the .so needs a driver.
+Everything the templates render comes from the launcher ABI's declarations (loader/abi.py) and the arch's
+dispatch table (loader/dispatch.py): one launch function per kernel family (its runtime params, then
+global_scratch); the flag and option macros; and, when the spec builds every kernel of a route, gdn_aot_forward:
+the whole forward of a dispatch row (the route's launches, their grids and the workspace layout computed in C)
+from one argument struct, the one call per forward the Python API makes; gdn_aot_select, the dispatch table.
+The header is the documented C ABI. cuda.h comes from triton's bundled include dir; libcuda is dlopen'ed at run
+time, so neither building nor loading the .so needs a driver.
 
 The library is versioned like any system library: the file is libgdn_aot_launch.so.<ABI> with that soname
 (DT_SONAME), and libgdn_aot_launch.so is a symlink to it for `-lgdn_aot_launch` at link time. A program linked
@@ -20,16 +22,15 @@ from pathlib import Path
 
 import jinja2
 
-import gdn_aot.kernels as kernels
-from gdn_aot.build import toolchain
-from gdn_aot.build.abi import family_params
-from gdn_aot.build.manifest import atomic_write
-from gdn_aot.kernels import KERNELS
-from gdn_aot.loader.artifacts import LAUNCHER_ABI_VERSION
-from gdn_aot.loader.runtime import FORWARD_ARG_FIELDS, WORKSPACE_ALIGN
+from ..kernels import KERNELS
+from ..loader import abi
+from ..loader.dispatch import c_rows
+from . import toolchain
+from .manifest import atomic_write
+from .params import family_params
 
 HEADER, SOURCE, LINK_NAME = "gdn_aot_launch.h", "gdn_aot_launch.c", "libgdn_aot_launch.so"
-SONAME = f"{LINK_NAME}.{LAUNCHER_ABI_VERSION}"
+SONAME = f"{LINK_NAME}.{abi.LAUNCHER_ABI_VERSION}"
 LIBRARY = SONAME  # the real file
 DRIVER_FUNCTIONS = (
     "Init", "DriverGetVersion", "DeviceGet", "DeviceGetCount", "DeviceGetAttribute", "DevicePrimaryCtxRetain",
@@ -40,16 +41,9 @@ DRIVER_FUNCTIONS = (
 )
 CFLAGS = ("-O2", "-shared", "-fPIC", "-Wall", "-Werror")
 LIBS = ("-ldl", "-lpthread")
-# gdn_aot_forward passes each kernel param as a C expression over `a` (the caller's gdn_aot_forward_args_t), `p`
-# (its gdn_aot_forward_plan_t) and `ws` (the workspace); a param missing here fails the build (see forward()).
-_FORWARD_COMMON = {
-    "q": "a.q", "k": "a.k", "v": "a.v", "g": "a.g", "beta": "a.beta", "cu_seqlens": "a.cu_seqlens",
-    "w": "ws + p.w", "u": "ws + p.u", "gam": "ws + p.gam", "qg": "ws + p.qg", "kg": "ws + p.kg",
-    "h0": "a.h0", "ht": "a.ht", "state_indices": "a.state_indices", "o": "a.o", "scale": "(float)a.scale",
-    "T": "p.T_arg", "num_seqs": "(int32_t)a.num_seqs", "H": "(int32_t)a.H", "HV": "(int32_t)a.HV",
-}
-FORWARD_CALLS = {"gdn_prepare": {**_FORWARD_COMMON, "flags": "(int32_t)a.prepare_flags"},
-                 "gdn_scan": {**_FORWARD_COMMON, "flags": "(int32_t)a.scan_flags"}}
+_ARG_FIELDS = {f.name for f in abi.FORWARD_ARG_FIELDS}
+_PLAN_FIELDS = {f.name for f in abi.PLAN_FIELDS}
+_REGIONS = {r.name for r in abi.REGIONS}
 
 
 class LauncherError(RuntimeError):
@@ -69,32 +63,74 @@ def families(kernel_names) -> list[dict]:
     return out
 
 
-def forward(kernel_names) -> dict | None:
-    """What the template needs for gdn_aot_forward, or None when the spec does not build both kernels."""
-    if not all(name in kernel_names for name in FORWARD_CALLS):
+def param_expr(family: str, p: abi.Param) -> str:
+    """The C expression gdn_aot_forward passes for a kernel param, from its declared source (loader/abi.py):
+    over `a` (the caller's gdn_aot_forward_args_t), `p` (its plan) and `ws` (the workspace)."""
+    kind, _, name = p.source.partition(".")
+    if kind == "args" and name in _ARG_FIELDS:
+        return f"a.{name}" if p.type.startswith("*") else f"({abi.param_abi(p.name, p.type)['ctype']})a.{name}"
+    if kind == "workspace" and name in _REGIONS:
+        return f"ws + p.{name}"
+    if kind == "plan" and name in _PLAN_FIELDS:
+        return f"p.{name}"
+    if p.source == "flags":
+        return f"gdn_flags_{family}(a.options)"
+    raise LauncherError(f"{family}'s param {p.name!r} has source {p.source!r}, which names no forward argument, "
+                        "workspace region or plan field (loader/abi.py)")
+
+
+def _grid_expr(q) -> str:
+    if isinstance(q, int):
+        return str(q)
+    if q not in abi.GRID_QUANTITIES:
+        raise LauncherError(f"grid quantity {q!r} is not among {abi.GRID_QUANTITIES} (loader/abi.py)")
+    return q if q in ("slots", "ztiles") else f"a.{q}"
+
+
+def _launch(fam: abi.Family) -> dict:
+    kd = KERNELS.get(fam.name)
+    if kd is not None and tuple(kd.params) != fam.kernel_params:
+        extra = [n for n, _ in kd.params if n not in {p.name for p in fam.params}]
+        raise LauncherError(f"{fam.name}'s params {extra or [n for n, _ in kd.params]} differ from the launcher ABI's "
+                            "(loader/abi.py FAMILIES gives each kernel param its source; KernelDef takes them "
+                            "from there)")
+    values = [param_expr(fam.name, p) for p in fam.params]
+    return {"name": fam.name, "handle": fam.handle, "grid": [_grid_expr(q) for q in fam.grid],
+            "lines": [", ".join(values[i:i + 6]) for i in range(0, len(values), 6)],  # 6 a line
+            "flags": fam.flags}
+
+
+def _region(r: abi.Region) -> dict:
+    factors = "".join(f" * (uint64_t)a.{f}" if isinstance(f, str) else f" * {f}" for f in r.per_row_head)
+    uses = " || ".join(f"a.route == GDN_AOT_ROUTE_{name.upper()}" for name in r.routes)
+    return {"name": r.name, "size": f"({uses}) ? hv_rows{factors} : 0", "doc": r.doc}
+
+
+def forward_context(kernel_names) -> dict | None:
+    """What the templates need for gdn_aot_forward, or None when the spec builds no route's kernels."""
+    routes = []
+    for r in abi.ROUTES.values():
+        fams = abi.families_of(r.name)
+        built = all(f.name in kernel_names for f in fams)
+        refused = [f"!a->{f.handle}" for f in fams]  # gdn_check_route: a missing kernel, or a V tile not dividing V
+        if any("ztiles" in f.grid for f in fams):
+            refused += ["a->BV <= 0", "a->V % a->BV", "a->V / a->BV > 65535"]
+        routes.append({"name": r.name, "NAME": r.name.upper(), "id": r.id, "built": built,
+                       "refused": " || ".join(refused), "launches": [_launch(f) for f in fams] if built else []})
+    if not any(r["built"] for r in routes):
         return None
-    calls = {}
-    for name, exprs in FORWARD_CALLS.items():
-        missing = [n for n, _ in KERNELS[name].params if n not in exprs]
-        if missing:
-            raise LauncherError(f"gdn_aot_forward has no value for {name}'s params {missing}: give them one in "
-                                "FORWARD_CALLS (build/launcher.py)")
-        values = [exprs[n] for n, _ in KERNELS[name].params]
-        calls[name] = [", ".join(values[i:i + 6]) for i in range(0, len(values), 6)]  # 6 a line
-    fields = [{"decl": f"{ctype}{'' if ctype.endswith('*') else ' '}{n}", "doc": doc}
-              for n, _, ctype, doc in FORWARD_ARG_FIELDS]
-    return {"calls": calls, "fields": fields, "align": WORKSPACE_ALIGN,
-            "prepare_grid": KERNELS["gdn_prepare"].grid, "scan_grid": KERNELS["gdn_scan"].grid}
+    return {"fields": abi.FORWARD_ARG_FIELDS, "plan_fields": abi.PLAN_FIELDS, "align": abi.WORKSPACE_ALIGN,
+            "routes": routes, "regions": [_region(r) for r in abi.REGIONS]}
 
 
-def flags() -> list[tuple[str, int]]:
-    """The kernels' flag bits (gdn_aot.kernels PREPARE_* / SCAN_*), as #defines in the header."""
-    return [(n, getattr(kernels, n)) for n in kernels.__all__ if n.startswith(("PREPARE_", "SCAN_"))]
-
-
-def render(arch: str, kernel_names) -> dict[str, str]:
-    ctx = {"arch": arch, "abi_version": LAUNCHER_ABI_VERSION, "families": families(kernel_names),
-           "driver_functions": DRIVER_FUNCTIONS, "forward": forward(kernel_names), "flags": flags()}
+def render(arch: str, kernel_names, table: list[dict] | None = None) -> dict[str, str]:
+    """Header and source text for a spec building `kernel_names`, with the arch's dispatch table."""
+    ctx = {"arch": arch, "abi_version": abi.LAUNCHER_ABI_VERSION, "families": families(kernel_names),
+           "driver_functions": DRIVER_FUNCTIONS, "forward": forward_context(kernel_names),
+           "kernel_fields": abi.KERNEL_FIELDS, "options": abi.OPTIONS,
+           "flags": [fl for f in abi.FAMILIES.values() for fl in f.flags],
+           "routes": abi.ROUTES.values(), "bounds": abi.BOUNDS, "row_fields": abi.DISPATCH_ROW_FIELDS,
+           "dispatch": c_rows(table or []), "handles": [f.handle for f in abi.FAMILIES.values()]}
     env = _env()
     return {HEADER: env.get_template(f"{HEADER}.j2").render(ctx),
             SOURCE: env.get_template(f"{SOURCE}.j2").render(ctx)}
@@ -108,13 +144,9 @@ def compile_so(src_dir: Path, out: Path) -> None:
         raise LauncherError(f"compiling the launcher failed:\n$ {' '.join(cmd)}\n{r.stdout}{r.stderr}")
 
 
-def build(arch: str, kernel_names, launcher_dir: Path, previous: dict | None = None) -> dict:
-    """Write header, source and .so into launcher_dir (atomically, each file); return the manifest entry.
-
-    The .so is recompiled only when the generated text, the compiler or the previous .so changed."""
-    launcher_dir = Path(launcher_dir).resolve()
-    launcher_dir.mkdir(parents=True, exist_ok=True)
-    texts = render(arch, kernel_names)
+def _write_if_changed(launcher_dir: Path, texts: dict, previous: dict | None) -> bool:
+    """Write header, source and .so (atomically, each file) unless the text, the compiler and the previous .so are
+    unchanged; True when the .so was compiled."""
     so = launcher_dir / LIBRARY
     prev_files = (previous or {}).get("files", {})
     unchanged = (
@@ -122,24 +154,33 @@ def build(arch: str, kernel_names, launcher_dir: Path, previous: dict | None = N
         and all((launcher_dir / n).is_file() and (launcher_dir / n).read_text() == t for n, t in texts.items())
         and prev_files.get(LIBRARY) == toolchain.file_sha256(so)
     )
-    compiled = False
-    if not unchanged:
-        with tempfile.TemporaryDirectory(dir=launcher_dir, prefix=".tmp-") as tmp:
-            tmp = Path(tmp)
-            for n, t in texts.items():
-                (tmp / n).write_text(t)
-            compile_so(tmp, tmp / LIBRARY)
-            for n, t in texts.items():
-                atomic_write(launcher_dir / n, t.encode())
-            atomic_write(so, (tmp / LIBRARY).read_bytes(), mode=0o755)
-        compiled = True
+    if unchanged:
+        return False
+    with tempfile.TemporaryDirectory(dir=launcher_dir, prefix=".tmp-") as tmp:
+        tmp = Path(tmp)
+        for n, t in texts.items():
+            (tmp / n).write_text(t)
+        compile_so(tmp, tmp / LIBRARY)
+        for n, t in texts.items():
+            atomic_write(launcher_dir / n, t.encode())
+        atomic_write(so, (tmp / LIBRARY).read_bytes(), mode=0o755)
+    return True
+
+
+def build(arch: str, kernel_names, launcher_dir: Path, previous: dict | None = None,
+          table: list[dict] | None = None) -> dict:
+    """Write header, source and .so into launcher_dir; return the manifest entry."""
+    launcher_dir = Path(launcher_dir).resolve()
+    launcher_dir.mkdir(parents=True, exist_ok=True)
+    compiled = _write_if_changed(launcher_dir, render(arch, kernel_names, table), previous)
     _link(launcher_dir / LINK_NAME, SONAME)
     for old in launcher_dir.glob(f"{LINK_NAME}.*"):  # the library of another launcher ABI, from an older build
         if old.name != SONAME:
             old.unlink()
     files = {n: toolchain.file_sha256(launcher_dir / n) for n in (HEADER, SOURCE, LIBRARY)}
+    fwd = forward_context(kernel_names)
     return {
-        "abi_version": LAUNCHER_ABI_VERSION,
+        "abi_version": abi.LAUNCHER_ABI_VERSION,
         "header": f"launcher/{HEADER}", "source": f"launcher/{SOURCE}", "library": f"launcher/{LIBRARY}",
         "soname": SONAME, "link_name": f"launcher/{LINK_NAME}",
         "files": files, "cc": toolchain.cc_version(), "cflags": list(CFLAGS),
@@ -147,8 +188,9 @@ def build(arch: str, kernel_names, launcher_dir: Path, previous: dict | None = N
                                  "params": [p["name"] for p in f["params"]] + ["global_scratch"]}
                      for f in families(kernel_names)},
         "forward": {"function": "gdn_aot_forward", "plan": "gdn_aot_forward_plan",
-                    "workspace_bytes": "gdn_aot_forward_workspace_bytes",
-                    "args": [f[0] for f in FORWARD_ARG_FIELDS]} if forward(kernel_names) else None,
+                    "workspace_bytes": "gdn_aot_forward_workspace_bytes", "select": "gdn_aot_select",
+                    "args": [f.name for f in abi.FORWARD_ARG_FIELDS],
+                    "routes": [r["name"] for r in fwd["routes"] if r["built"]]} if fwd else None,
         "_compiled": compiled,
     }
 

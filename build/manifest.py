@@ -10,7 +10,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from gdn_aot.loader.artifacts import MANIFEST_SCHEMA_VERSION
+from ..loader.abi import MANIFEST_SCHEMA_VERSION
 
 MANIFEST = "manifest.json"
 TSV = "kernels.tsv"

@@ -22,8 +22,8 @@ import sysconfig
 import zipfile
 from pathlib import Path
 
-from gdn_aot.build.manifest import TSV, tsv
-from gdn_aot.loader.artifacts import Manifest, available_arches, sha256_file
+from .manifest import TSV, tsv
+from ..loader.artifacts import Manifest, available_arches, sha256_file
 
 PACKAGE_DATA = "gdn_aot/artifacts"
 _EPOCH = (1980, 1, 1, 0, 0, 0)  # fixed zip timestamps: the same inputs give the same wheel bytes

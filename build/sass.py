@@ -14,7 +14,7 @@ import subprocess
 from collections import Counter
 from pathlib import Path
 
-from gdn_aot.build.toolchain import nvidia_bin
+from .toolchain import nvidia_bin
 
 FAMILIES = ("HGMMA", "UTMALDG", "UTMASTG", "LDGSTS", "SYNCS", "WARPGROUP", "UTCHMMA", "UTCQMMA", "LDTM", "STTM",
             "UTCBAR", "HMMA", "FFMA", "LDL", "STL")

@@ -20,9 +20,10 @@ A spec is one YAML file. Schema (every key optional unless marked *):
         exclude:                # partial assignments removed from the cross product
           - {dtype: fp16, BV: 64}
           - {arch: sm_100a, transpose: true}
-    dispatch:                   # run-time preferences, copied into each arch's manifest for the loader
+    dispatch:                   # per arch: the shape classes and variants of the dispatch table (loader/dispatch.py)
       sm_90a:
         gdn_scan: {default_BV: 128, small_batch_BV: 64, small_batch_factor: 2}
+        gdn_fused: {classes: [default]}   # shape classes gdn_fused takes instead of gdn_prepare + gdn_scan
 
 An axis value may be a list or a single scalar. Each kernel's variants are the cross product of its axes
 (x arch x num_warps x num_stages) minus the exclusions. An axis the kernel's code does not depend on
@@ -32,7 +33,9 @@ compile to the same cubin. `dispatch` keys: ``default_BV`` (used when the caller
 number, default 2), ``single_wave_warps`` (the variants with this num_warps are preferred, ahead of the rest,
 when one of them runs the batch in one wave of one program an SM: the smallest BV with
 num_seqs * HV * V / BV <= SMs); the BVs named must be among the kernel's BV values, the num_warps among its
-variants'.
+variants'. A kernel that is a route of its own (gdn_fused) takes ``classes``: the shape classes (single_wave,
+small_batch, default) it serves instead of gdn_prepare + gdn_scan; a configuration only it serves needs none.
+The build turns these into the dispatch table of the manifest and the launcher (loader/dispatch.py).
 
 Every problem raises :class:`SpecError`, whose message names the file, the key path and the bad value.
 """
@@ -46,8 +49,10 @@ from typing import Any
 
 import yaml
 
-from gdn_aot.kernels import KERNELS
-from gdn_aot.kernels.registry import ARCHES, DTYPES, Variant, arch_family
+from ..kernels import KERNELS
+from ..kernels.registry import ARCHES, DTYPES, Variant, arch_family
+from ..loader.abi import FAMILIES, ROUTES
+from ..loader.dispatch import DEFAULT_SMALL_BATCH_FACTOR, ROUTE_PREFERENCES, SCAN_PREFERENCES, SHAPE_CLASSES
 
 AXES = ("K", "V", "BT", "BK", "BV", "dtype", "varlen", "transpose")
 LIST_AXES = ("BT", "BK", "BV", "dtype", "varlen", "transpose")
@@ -55,7 +60,6 @@ LAUNCH_KEYS = ("num_warps", "num_stages")
 EXCLUDE_KEYS = AXES + LAUNCH_KEYS + ("arch",)
 TOP_KEYS = ("K", "V", "arches", "kernels", "dispatch")
 KERNEL_KEYS = AXES + ("launch", "exclude")
-DISPATCH_KEYS = ("default_BV", "small_batch_BV", "small_batch_factor", "single_wave_warps")
 DEFAULT_LAUNCH = {"num_warps": [4], "num_stages": [1]}
 # CLI spellings of arches: `sm_90` and `sm_90a` both mean the arch-specific sm_90a target.
 ARCH_ALIASES = {"sm_90": "sm_90a", "sm_90a": "sm_90a", "90": "sm_90a", "sm_100": "sm_100a", "sm_100a": "sm_100a",
@@ -136,67 +140,53 @@ def parse_spec(doc: Any, path: str = "<spec>", sha256: str = "") -> Spec:
     variants: list[Variant] = []
     axis_values: dict[str, dict] = {}
     for name, body in kernels.items():
-        kp = f"kernels.{name}"
-        if name not in KERNELS:
-            raise SpecError(path, kp, f"unknown kernel; known kernels: {sorted(KERNELS)}", name)
-        body = {} if body is None else body
-        if not isinstance(body, dict):
-            raise SpecError(path, kp, "expected a mapping of axes", body)
-        kd = KERNELS[name]
-        P.keys(body, KERNEL_KEYS, kp)
-        for arch in arches:
-            if arch_family(arch) not in kd.sources:
-                raise SpecError(path, f"{kp}", f"kernel has no source for {arch} (KernelDef.sources has "
-                                f"{sorted(kd.sources)}); drop the arch or the kernel", arch)
-        K = P.int(body.get("K", doc.get("K")), f"{kp}.K" if "K" in body else "K", positive=True)
-        V = P.int(body.get("V", doc.get("V")), f"{kp}.V" if "V" in body else "V", positive=True)
-        ax = {
-            "BT": P.values(body, "BT", kp, int, [64]),
-            "BK": P.values(body, "BK", kp, int, [K]),
-            "BV": P.values(body, "BV", kp, int, [V]),
-            "dtype": P.values(body, "dtype", kp, str, None),
-            "varlen": P.values(body, "varlen", kp, bool, [False]),
-            "transpose": P.values(body, "transpose", kp, bool, [False]),
-        }
-        for bt in ax["BT"]:
-            if bt <= 0 or bt & (bt - 1):
-                raise SpecError(path, f"{kp}.BT", "BT must be a power of two", bt)
-        for axis, dim, dname in (("BK", K, "K"), ("BV", V, "V")):
-            for b in ax[axis]:
-                if b <= 0 or dim % b:
-                    raise SpecError(path, f"{kp}.{axis}", f"{axis} must divide {dname}={dim}", b)
-        for d in ax["dtype"]:
-            if d not in DTYPES:
-                raise SpecError(path, f"{kp}.dtype", f"dtype must be one of {list(DTYPES)}", d)
-        for axis, vals in ax.items():
-            if axis not in kd.uses_axes and len(vals) > 1:
-                raise SpecError(path, f"{kp}.{axis}", f"{name} does not use axis {axis} "
-                                f"(uses {sorted(kd.uses_axes)}), so it may hold one value only", vals)
-        launch = P.launch(body.get("launch"), f"{kp}.launch", arches)
-        excludes = P.excludes(body.get("exclude"), f"{kp}.exclude")
-        axis_values[name] = ax
-        produced = 0
-        for arch in arches:
-            for bt, bk, bv, dt, vl, tr, nw, ns in itertools.product(
-                ax["BT"], ax["BK"], ax["BV"], ax["dtype"], ax["varlen"], ax["transpose"],
-                launch[arch]["num_warps"], launch[arch]["num_stages"],
-            ):
-                v = Variant(kernel=name, arch=arch, K=K, V=V, BT=bt, BK=bk, BV=bv, dtype=dt, varlen=vl,
-                            transpose=tr, num_warps=nw, num_stages=ns)
-                d = v.as_dict()
-                if any(all(d[k] == x for k, x in ex.items()) for ex in excludes):
-                    continue
-                variants.append(v)
-                produced += 1
-        if not produced:
-            raise SpecError(path, kp, "the cross product minus the exclusions is empty",
-                            body.get("exclude"))
+        axis_values[name], produced = _kernel_variants(P, doc, name, body, arches)
+        variants += produced
     keys = [v.key for v in variants]
     dup = {k for k in keys if keys.count(k) > 1}
     if dup:
         raise SpecError(path, "kernels", "two entries produce the same variant", sorted(dup)[0])
     dispatch = P.dispatch(doc.get("dispatch"), arches, axis_values, variants)
     return Spec(path=str(path), sha256=sha256, arches=arches, variants=tuple(variants), dispatch=dispatch)
+
+
+def _kernel_variants(P: "_Parser", doc: dict, name: str, body, arches) -> tuple[dict, list[Variant]]:
+    """One `kernels.<name>` entry: its axis values and its variants (the cross product minus the exclusions)."""
+    kp = f"kernels.{name}"
+    if name not in KERNELS:
+        raise P.err(kp, f"unknown kernel; known kernels: {sorted(KERNELS)}", name)
+    body = {} if body is None else body
+    if not isinstance(body, dict):
+        raise P.err(kp, "expected a mapping of axes", body)
+    kd = KERNELS[name]
+    P.keys(body, KERNEL_KEYS, kp)
+    for arch in arches:
+        if arch_family(arch) not in kd.sources:
+            raise P.err(kp, f"kernel has no source for {arch} (KernelDef.sources has {sorted(kd.sources)}); drop "
+                        "the arch or the kernel", arch)
+    K = P.int(body.get("K", doc.get("K")), f"{kp}.K" if "K" in body else "K", positive=True)
+    V = P.int(body.get("V", doc.get("V")), f"{kp}.V" if "V" in body else "V", positive=True)
+    ax = P.axes(body, kp, K, V)
+    for axis, vals in ax.items():
+        if axis not in kd.uses_axes and len(vals) > 1:
+            raise P.err(f"{kp}.{axis}", f"{name} does not use axis {axis} (uses {sorted(kd.uses_axes)}), so it may "
+                        "hold one value only", vals)
+    launch = P.launch(body.get("launch"), f"{kp}.launch", arches)
+    excludes = P.excludes(body.get("exclude"), f"{kp}.exclude")
+    variants = []
+    for arch in arches:
+        for bt, bk, bv, dt, vl, tr, nw, ns in itertools.product(
+            ax["BT"], ax["BK"], ax["BV"], ax["dtype"], ax["varlen"], ax["transpose"],
+            launch[arch]["num_warps"], launch[arch]["num_stages"],
+        ):
+            v = Variant(kernel=name, arch=arch, K=K, V=V, BT=bt, BK=bk, BV=bv, dtype=dt, varlen=vl,
+                        transpose=tr, num_warps=nw, num_stages=ns)
+            d = v.as_dict()
+            if not any(all(d[k] == x for k, x in ex.items()) for ex in excludes):
+                variants.append(v)
+    if not variants:
+        raise P.err(kp, "the cross product minus the exclusions is empty", body.get("exclude"))
+    return ax, variants
 
 
 class _Parser:
@@ -245,6 +235,28 @@ class _Parser:
         if len(set(vals)) != len(vals):
             raise self.err(kp, "repeated value", raw)
         return vals
+
+    def axes(self, body, kp, K, V) -> dict:
+        """The tiling and configuration axes of a kernel entry, defaulted and checked."""
+        ax = {
+            "BT": self.values(body, "BT", kp, int, [64]),
+            "BK": self.values(body, "BK", kp, int, [K]),
+            "BV": self.values(body, "BV", kp, int, [V]),
+            "dtype": self.values(body, "dtype", kp, str, None),
+            "varlen": self.values(body, "varlen", kp, bool, [False]),
+            "transpose": self.values(body, "transpose", kp, bool, [False]),
+        }
+        for bt in ax["BT"]:
+            if bt <= 0 or bt & (bt - 1):
+                raise self.err(f"{kp}.BT", "BT must be a power of two", bt)
+        for axis, dim, dname in (("BK", K, "K"), ("BV", V, "V")):
+            for b in ax[axis]:
+                if b <= 0 or dim % b:
+                    raise self.err(f"{kp}.{axis}", f"{axis} must divide {dname}={dim}", b)
+        for d in ax["dtype"]:
+            if d not in DTYPES:
+                raise self.err(f"{kp}.dtype", f"dtype must be one of {list(DTYPES)}", d)
+        return ax
 
     def arch_list(self, raw, kp):
         vals = raw if isinstance(raw, list) else [raw]
@@ -310,26 +322,36 @@ class _Parser:
             if not isinstance(per_kernel, dict):
                 raise self.err(kp, "expected a mapping kernel -> preferences", per_kernel)
             for kname, prefs in per_kernel.items():
-                kkp = f"{kp}.{kname}"
-                if kname not in axis_values:
-                    raise self.err(kkp, f"kernel not in this spec's kernels {sorted(axis_values)}", kname)
-                if not isinstance(prefs, dict):
-                    raise self.err(kkp, f"expected a mapping with keys {list(DISPATCH_KEYS)}", prefs)
-                self.keys(prefs, DISPATCH_KEYS, kkp)
-                for key, x in prefs.items():
-                    if key == "small_batch_factor":
-                        if isinstance(x, bool) or not isinstance(x, (int, float)) or not x > 0:
-                            raise self.err(f"{kkp}.{key}", "expected a positive number", x)
-                        continue
-                    self._typed(x, int, f"{kkp}.{key}")
-                    if key == "single_wave_warps":
-                        built = sorted({v.num_warps for v in variants if v.kernel == kname and v.arch == arch})
-                        if x not in built:
-                            raise self.err(f"{kkp}.{key}", f"no {arch} {kname} variant has this num_warps "
-                                           f"(built: {built})", x)
-                        continue
-                    if key.endswith("_BV") and x not in axis_values[kname]["BV"]:
-                        raise self.err(f"{kkp}.{key}", f"BV not among {kname}'s BV values "
-                                       f"{axis_values[kname]['BV']}", x)
-                out.setdefault(arch, {})[kname] = {"small_batch_factor": 2, **prefs}
+                built = [v for v in variants if v.kernel == kname and v.arch == arch]
+                out.setdefault(arch, {})[kname] = self.preferences(f"{kp}.{kname}", kname, prefs, axis_values,
+                                                                   built)
         return out
+
+    def preferences(self, kp, kname, prefs, axis_values, built):
+        """One kernel's dispatch preferences: the classes a route kernel (gdn_fused) takes, or gdn_scan-style
+        BV preferences (loader/dispatch.py reads them)."""
+        if kname not in axis_values:
+            raise self.err(kp, f"kernel not in this spec's kernels {sorted(axis_values)}", kname)
+        own_route = kname in FAMILIES and ROUTES[FAMILIES[kname].route].families == (kname,)
+        allowed = ROUTE_PREFERENCES if own_route else SCAN_PREFERENCES
+        if not isinstance(prefs, dict):
+            raise self.err(kp, f"expected a mapping with keys {list(allowed)}", prefs)
+        self.keys(prefs, allowed, kp)
+        if allowed is ROUTE_PREFERENCES:
+            classes = prefs.get("classes", [])
+            for c in classes if isinstance(classes, list) else [classes]:
+                if c not in SHAPE_CLASSES:
+                    raise self.err(f"{kp}.classes", f"unknown shape class; known: {list(SHAPE_CLASSES)}", c)
+            return {"classes": classes if isinstance(classes, list) else [classes]}
+        for key, x in prefs.items():
+            if key == "small_batch_factor":
+                if isinstance(x, bool) or not isinstance(x, (int, float)) or not x > 0:
+                    raise self.err(f"{kp}.{key}", "expected a positive number", x)
+                continue
+            self._typed(x, int, f"{kp}.{key}")
+            if key == "single_wave_warps" and x not in {v.num_warps for v in built}:
+                raise self.err(f"{kp}.{key}", f"no {kname} variant of the arch has this num_warps (built: "
+                               f"{sorted({v.num_warps for v in built})})", x)
+            if key.endswith("_BV") and x not in axis_values[kname]["BV"]:
+                raise self.err(f"{kp}.{key}", f"BV not among {kname}'s BV values {axis_values[kname]['BV']}", x)
+        return {"small_batch_factor": DEFAULT_SMALL_BATCH_FACTOR, **prefs}

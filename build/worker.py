@@ -51,8 +51,8 @@ def build_source(kd, variant, fn):
 
 
 def compile_job(job: dict) -> dict:
-    from gdn_aot.kernels import KERNELS
-    from gdn_aot.kernels.registry import Variant, arch_capability
+    from ..kernels import KERNELS
+    from ..kernels.registry import Variant, arch_capability
 
     variant = Variant(**job["variant"])
     kd = KERNELS[variant.kernel]

@@ -1,6 +1,6 @@
 """Gluon sources of the GDN prefill kernels and their registry (no triton import here).
 
-The forward is two launches (docs/gdn-math.md has the math):
+A forward is one of two routes (docs/algorithm.md has the math, docs/design.md the kernels):
   gdn_prepare  chunk-parallel, one program per (chunk, key head) serving the HV / H value heads that share
                its k (and q): cumsum of g, A = beta k k^T with decay, (I + A)^-1, w and u, and the log row
                scalings of q and k for gdn_scan (gam plus the log inverse L2 norms with
@@ -9,21 +9,44 @@ The forward is two launches (docs/gdn-math.md has the math):
   gdn_scan     one program per (sequence, value head, V tile): walks the chunks with the state on chip and
                writes the output of every chunk as it goes, so no per-chunk state or v_new reaches HBM
                (sm_90a also has a warp-specialised variant, SCAN_WS_WARPS warps, for batches of one wave)
+or
+  gdn_fused    one program per (sequence, value head): the whole forward in one warp-specialised kernel
+The parameters of each family, and the bits of its `flags`, are the launcher ABI's (loader/abi.py); the flag
+bits are re-exported here for the kernels (common.py, fused_*.py read them as constexprs).
 """
+from ..loader import abi
 from .registry import KernelDef, Variant
 
-_PKG = __name__
+# A gdn_scan variant with this many warps is the warp-specialised sm_90a scan (scan_sm90_ws.py): a 4-warp state
+# partition (the kernel's num_warps), two 4-warp output partitions and a load warp, which takes a warpgroup's
+# registers, at 128 registers a thread on average (setmaxnreg moves them between the partitions).
+SCAN_WS_WARPS = 16
+# A gdn_fused variant with this many warps is compiled with the warps of its default partition, FUSED_WS_DEFAULT
+# (the two state warpgroups), at 65536 / (32 * 16) = 128 registers a thread (setmaxnreg moves them).
+FUSED_WS_WARPS = 16
+FUSED_WS_DEFAULT = 8
+
+
+def _warp_specialized_options(v: Variant, default_warps: int) -> dict:
+    """A warp-specialised variant compiles with its default partition's warps and the register budget of all of
+    them; the cubin's metadata then reports all of its warps, which is what the launcher starts."""
+    return {"num_warps": default_warps, "num_stages": v.num_stages, "maxnreg": 65536 // (32 * v.num_warps)}
+
+
+def _scan_warp_specialized(v: Variant) -> bool:
+    return v.num_warps == SCAN_WS_WARPS
+
+
+def _fused_default_warps(v: Variant) -> int:
+    return FUSED_WS_DEFAULT if v.num_warps == FUSED_WS_WARPS else v.num_warps
+
 
 GDN_PREPARE = KernelDef(
     name="gdn_prepare",
-    params=(
-        ("q", "*{dtype}"), ("k", "*{dtype}"), ("v", "*{dtype}"), ("g", "*fp32"), ("beta", "*fp32"),
-        ("cu_seqlens", "*i32"), ("w", "*{dtype}"), ("u", "*{dtype}"), ("gam", "*fp32"), ("qg", "*fp32"),
-        ("kg", "*fp32"), ("T", "i32"), ("num_seqs", "i32"), ("H", "i32"), ("HV", "i32"), ("flags", "i32"),
-    ),
+    params=abi.FAMILIES["gdn_prepare"].kernel_params,
     constexprs=lambda v: {"K": v.K, "V": v.V, "BT": v.BT, "IS_VARLEN": v.varlen, "num_warps": v.num_warps},
-    sources={"sm90": f"{_PKG}.prepare_sm90:prepare_kernel", "sm100": f"{_PKG}.prepare_sm100:prepare_kernel"},
-    grid="varlen: (T // BT + num_seqs, H, 1); fixed: (num_seqs * cdiv(T, BT), H, 1)",
+    sources={"sm90": ".prepare_sm90:prepare_kernel", "sm100": ".prepare_sm100:prepare_kernel"},
+    grid=abi.FAMILIES["gdn_prepare"].grid_doc,
     uses_axes=frozenset({"dtype", "K", "V", "BT", "varlen"}),
     doc="per chunk and key head, for each of its value heads: gam = cumsum(g); Tc = (I + A)^-1; "
     "w = Tc (beta e^gam k); u = Tc (beta v); "
@@ -31,44 +54,47 @@ GDN_PREPARE = KernelDef(
     "1 / |q|, 1 / |k| with flags & PREPARE_L2NORM (k rows are then normalised first) and 1 without",
 )
 
-# A gdn_scan variant with this many warps is the warp-specialised sm_90a scan (scan_sm90_ws.py): a 4-warp state
-# partition (the kernel's num_warps), two 4-warp output partitions and a load warp, which takes a warpgroup's
-# registers, at 128 registers a thread on average (setmaxnreg moves them between the partitions).
-SCAN_WS_WARPS = 16
-
-
-def _scan_warp_specialized(v: Variant) -> bool:
-    return v.num_warps == SCAN_WS_WARPS
-
-
 GDN_SCAN = KernelDef(
     name="gdn_scan",
-    params=(
-        ("q", "*{dtype}"), ("k", "*{dtype}"), ("w", "*{dtype}"), ("u", "*{dtype}"), ("gam", "*fp32"),
-        ("qg", "*fp32"), ("kg", "*fp32"), ("cu_seqlens", "*i32"), ("h0", "*fp32"), ("ht", "*fp32"),
-        ("state_indices", "*i32"), ("o", "*{dtype}"),
-        ("scale", "fp32"), ("T", "i32"), ("H", "i32"), ("HV", "i32"), ("flags", "i32"),
-    ),
+    params=abi.FAMILIES["gdn_scan"].kernel_params,
     constexprs=lambda v: {
         "K": v.K, "V": v.V, "BT": v.BT, "BV": v.BV, "IS_VARLEN": v.varlen, "TRANSPOSE_STATE": v.transpose,
         "WARP_SPECIALIZE": _scan_warp_specialized(v), "num_warps": 4 if _scan_warp_specialized(v) else v.num_warps,
     },
-    options=lambda v: ({"num_warps": 4, "num_stages": v.num_stages, "maxnreg": 65536 // (32 * v.num_warps)}
-                       if _scan_warp_specialized(v) else {"num_warps": v.num_warps, "num_stages": v.num_stages}),
-    sources={"sm90": f"{_PKG}.scan_sm90:scan_kernel", "sm100": f"{_PKG}.scan_sm100:scan_kernel"},
-    grid="(num_seqs, HV, V // BV)",
+    options=lambda v: (_warp_specialized_options(v, 4) if _scan_warp_specialized(v)
+                       else {"num_warps": v.num_warps, "num_stages": v.num_stages}),
+    sources={"sm90": ".scan_sm90:scan_kernel", "sm100": ".scan_sm100:scan_kernel"},
+    grid=abi.FAMILIES["gdn_scan"].grid_doc,
     uses_axes=frozenset({"dtype", "K", "V", "BT", "BV", "varlen", "transpose"}),
     doc="per (sequence, value head, V tile): v_new = u - w h; o = scale (e^gam q h + (q k^T . M) v_new); "
     "h = e^gam_last h + k^T (e^(gam_last - gam) v_new)",
 )
 
-KERNELS: dict[str, KernelDef] = {kd.name: kd for kd in (GDN_PREPARE, GDN_SCAN)}
+GDN_FUSED = KernelDef(
+    name="gdn_fused",
+    params=abi.FAMILIES["gdn_fused"].kernel_params,
+    constexprs=lambda v: {"K": v.K, "V": v.V, "BT": v.BT, "IS_VARLEN": v.varlen, "TRANSPOSE_STATE": v.transpose,
+                          "num_warps": _fused_default_warps(v)},
+    options=lambda v: (_warp_specialized_options(v, FUSED_WS_DEFAULT) if v.num_warps == FUSED_WS_WARPS
+                       else {"num_warps": v.num_warps, "num_stages": v.num_stages}),
+    sources={"sm90": ".fused_sm90:fused_kernel", "sm100": ".fused_sm100:fused_kernel"},
+    grid=abi.FAMILIES["gdn_fused"].grid_doc,
+    uses_axes=frozenset({"dtype", "K", "V", "BT", "varlen", "transpose"}),
+    doc="per (sequence, value head): the whole forward, prepare and scan of every chunk in one program",
+)
 
-# bits of the kernels' `flags` argument
-PREPARE_L2NORM = 1  # gdn_prepare: normalise k, fold the q/k row norms into qg and kg
-SCAN_HAS_H0 = 1  # gdn_scan: read the initial state
-SCAN_STORE_HT = 2  # gdn_scan: write the final state
-SCAN_USE_INDICES = 4  # gdn_scan: state slot = state_indices[sequence] (-1: zero state, not written)
+KERNELS: dict[str, KernelDef] = {kd.name: kd for kd in (GDN_PREPARE, GDN_SCAN, GDN_FUSED)}
+
+# bits of the kernels' `flags` argument (the launcher ABI's, loader/abi.py)
+PREPARE_L2NORM = abi.FLAGS["PREPARE_L2NORM"]
+SCAN_HAS_H0 = abi.FLAGS["SCAN_HAS_H0"]
+SCAN_STORE_HT = abi.FLAGS["SCAN_STORE_HT"]
+SCAN_USE_INDICES = abi.FLAGS["SCAN_USE_INDICES"]
+FUSED_L2NORM = abi.FLAGS["FUSED_L2NORM"]
+FUSED_HAS_H0 = abi.FLAGS["FUSED_HAS_H0"]
+FUSED_STORE_HT = abi.FLAGS["FUSED_STORE_HT"]
+FUSED_USE_INDICES = abi.FLAGS["FUSED_USE_INDICES"]
 
 __all__ = ["KERNELS", "KernelDef", "Variant", "PREPARE_L2NORM", "SCAN_HAS_H0", "SCAN_STORE_HT",
-           "SCAN_USE_INDICES", "SCAN_WS_WARPS"]
+           "SCAN_USE_INDICES", "FUSED_L2NORM", "FUSED_HAS_H0", "FUSED_STORE_HT", "FUSED_USE_INDICES",
+           "SCAN_WS_WARPS", "FUSED_WS_WARPS"]

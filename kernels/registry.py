@@ -2,8 +2,9 @@
 
 Every kernel family registers one :class:`KernelDef`. The build step knows nothing about GDN: it asks a
 ``KernelDef`` for the runtime signature, the constexprs and the launch options of a :class:`Variant`,
-compiles ``KernelDef.source(arch)`` with them, and records the result in the manifest. The loader reads the
-same parameter names back from the manifest, so the argument order here is the launcher ABI.
+compiles ``KernelDef.source(arch)`` with them, and records the result in the manifest. The runtime parameters
+of a family come from the launcher ABI's declaration (loader/abi.py FAMILIES), which also says how the forward
+feeds each of them; the worker checks that the kernel function takes them in that order.
 
 Runtime parameter types use Triton's signature strings: ``*bf16``/``*fp16``/``*fp32``/``*i32`` for pointers
 (``*{dtype}`` is replaced by the variant's input dtype), ``i32``/``i64``/``fp32`` for scalars.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
 from typing import Callable
 
 ARCHES = ("sm_90a", "sm_100a")
@@ -52,10 +54,11 @@ class Variant:
 class KernelDef:
     """What the build step needs to compile one kernel family for any variant.
 
-    params: runtime parameters in launch order, as (name, type) with ``*{dtype}`` standing for the input dtype.
+    params: runtime parameters in launch order, as (name, type) with ``*{dtype}`` standing for the input dtype
+      (``abi.FAMILIES[name].kernel_params``).
     constexprs: variant -> {name: value} for every ``gl.constexpr`` parameter of the kernel (num_warps included).
-    sources: arch family ("sm90", "sm100") -> "module:function" of the ``@gluon.jit`` kernel, imported lazily so
-      that reading the registry never imports triton.
+    sources: arch family ("sm90", "sm100") -> "module:function" of the ``@gluon.jit`` kernel, the module relative
+      to this package (".scan_sm90") or absolute, imported lazily so that reading the registry never imports triton.
     grid: the grid rule, in words, recorded in the manifest for launcher writers.
     uses_axes: the spec axes that change the generated code; the others must hold a single value for this
       kernel (validation rejects a spec that varies them, so no two variants compile to the same cubin).
@@ -86,12 +89,16 @@ class KernelDef:
             sig[name] = "constexpr"
         return sig
 
-    def source(self, arch: str):
+    def module(self, arch: str) -> str:
+        """The absolute name of the module holding the arch's kernel."""
         family = arch_family(arch)
         if family not in self.sources:
             raise KeyError(f"kernel {self.name!r} has no {arch} source")
-        module, fn = self.sources[family].split(":")
-        return getattr(importlib.import_module(module), fn)
+        return importlib.util.resolve_name(self.sources[family].split(":")[0], __package__)
+
+    def source(self, arch: str):
+        fn = self.sources[arch_family(arch)].split(":")[1]
+        return getattr(importlib.import_module(self.module(arch)), fn)
 
 
 def arch_family(arch: str) -> str:

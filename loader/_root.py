@@ -14,7 +14,7 @@ __all__ = ["chunk_gated_delta_rule"]
 
 def __getattr__(name):
     if name == "chunk_gated_delta_rule":
-        from gdn_aot.loader.api import chunk_gated_delta_rule
+        from .loader.api import chunk_gated_delta_rule
 
         globals()[name] = chunk_gated_delta_rule
         return chunk_gated_delta_rule

@@ -14,13 +14,9 @@ import json
 import os
 from pathlib import Path
 
-from gdn_aot.loader.errors import ArtifactsNotFound, CorruptArtifact, UnsupportedDevice, build_command
+from .abi import LAUNCHER_ABI_VERSION, MANIFEST_SCHEMA_VERSION
+from .errors import ArtifactsNotFound, CorruptArtifact, UnsupportedDevice, build_command
 
-MANIFEST_SCHEMA_VERSION = 1
-# 2: gdn_l2norm removed (fused), gdn_prepare/gdn_scan take q, rq, rk, flags; library versioned (.so.2 soname)
-# 3: rq, rk -> qg, kg (always written by gdn_prepare, always read by gdn_scan: SCAN_L2NORM is gone); gdn_prepare's
-#    grid is (slots, H, 1); gdn_aot_forward (both launches in one call) added
-LAUNCHER_ABI_VERSION = 3
 ENV_VAR = "GDN_AOT_ARTIFACTS"
 
 # Triton targets arch-specific sm_90a / sm_100a: such cubins run on exactly that capability (an sm_100a cubin
@@ -111,7 +107,7 @@ class Manifest:
         self.data = data
         self.variants: dict[str, dict] = data["variants"]
         self.failed: dict[str, str] = data.get("failed", {})
-        self.dispatch: dict = data.get("dispatch", {})
+        self.dispatch: dict = data.get("dispatch", {})  # {"spec": the spec's preferences, "table": rows}
         self.spec_path: str | None = data.get("spec", {}).get("path")
 
     def build_command(self) -> str:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from gdn_aot.loader.api import check_bounds
-from gdn_aot.loader.api import chunk_gated_delta_rule as _forward
+from .api import chunk_gated_delta_rule as _forward
+from .validate import check_bounds
 
 
 def chunk_gated_delta_rule(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from gdn_aot.loader.api import chunk_gated_delta_rule
+from .api import chunk_gated_delta_rule
 
 
 @torch.library.custom_op("gdn_aot::chunk_gated_delta_rule", mutates_args=())

@@ -33,9 +33,8 @@ def run_cli(*args, **kw) -> subprocess.CompletedProcess:
 
 def source_module(kernel: str, arch: str) -> str:
     from gdn_aot.kernels import KERNELS
-    from gdn_aot.kernels.registry import arch_family
 
-    return KERNELS[kernel].sources[arch_family(arch)].split(":")[0]
+    return KERNELS[kernel].module(arch)
 
 
 def source_exists(kernel: str, arch: str) -> bool:

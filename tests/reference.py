@@ -1,4 +1,4 @@
-"""Reference implementations of the GDN forward (docs/gdn-math.md), for tests and benchmarks only.
+"""Reference implementations of the GDN forward (docs/algorithm.md), for tests and benchmarks only.
 
 - recurrence_fp64: the token recurrence in float64 numpy: the ground truth.
 - chunked_fp64: the chunked equations in float64 numpy (tests check it equals the recurrence to 1e-12).
@@ -112,7 +112,7 @@ def chunked_torch(q, k, v, g, beta, cu_seqlens, h0=None, scale=None, l2norm=Fals
 
 
 def rel_max_err(x, ref):
-    """max |x - ref| / max |ref| (the tolerance measure of docs/gdn-math.md)."""
+    """max |x - ref| / max |ref| (the tolerance measure of docs/algorithm.md)."""
     x = np.asarray(x, dtype=np.float64)
     ref = np.asarray(ref, dtype=np.float64)
     return float(np.abs(x - ref).max() / max(np.abs(ref).max(), 1e-30))

@@ -1,5 +1,7 @@
-"""The launcher ABI: the manifest's params match the compiled kernel (PTX .entry, the cubin's param table), and the
-forward entry gdn_aot_forward matches the loader (struct layout, plan, checks), all on the CPU."""
+"""The launcher ABI: the manifest's params match the compiled kernel (PTX .entry, the cubin's param table); the
+generated launcher matches the declarations of loader/abi.py (struct layouts, flag and option macros, the plan's
+grids and workspace layout, the refusals of gdn_aot_forward); and the loader's workspace bound covers the plan.
+All on the CPU."""
 from __future__ import annotations
 
 import ctypes
@@ -9,14 +11,16 @@ import subprocess
 import pytest
 
 import gdn_aot.kernels as kernels
-from gdn_aot.build import abi, launcher, toolchain
-from gdn_aot.kernels import KERNELS, PREPARE_L2NORM
+from gdn_aot.build import launcher, toolchain
+from gdn_aot.build import params as abi
+from gdn_aot.kernels import KERNELS
 from gdn_aot.loader import Artifacts, DriverError, Launcher
-from gdn_aot.loader.runtime import FORWARD_ARG_FIELDS, FORWARD_ARGS, KernelStruct
+from gdn_aot.loader import abi as decl
+from gdn_aot.loader.abi import FORWARD_ARG_FIELDS, FORWARD_ARGS, KernelStruct
 
 from conftest import ARCHES
 
-CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_INVALID_HANDLE = 1, 400
+CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_NOT_SUPPORTED = 1, 400, 801
 
 PTX_WIDTH = {"u64": 8, "b64": 8, "s64": 8, "u32": 4, "b32": 4, "s32": 4, "f32": 4, "f64": 8, "u8": 1, "b16": 2}
 
@@ -49,7 +53,7 @@ def test_manifest_params_match_cubin_param_table(tiny_build, arch):
 def test_family_params_are_dtype_independent():
     for kd in KERNELS.values():
         assert [p["ctype"] for p in abi.family_params(kd)] == [
-            "CUdeviceptr" if t.startswith("*") else abi.SCALARS[t][0] for _, t in kd.params]
+            "CUdeviceptr" if t.startswith("*") else decl.SCALAR_TYPES[t][0] for _, t in kd.params]
 
 
 def test_ptx_mismatch_is_detected():
@@ -72,12 +76,23 @@ def test_tensordesc_params_are_refused():
         abi.param("desc", "tensordesc<bf16[64, 64],NVMMASharedLayout(swizzle_byte_width=128)>")
 
 
-# gdn_aot_forward: the whole forward in one call (loader/runtime.py FORWARD_ARGS, build/templates). These tests
-# generate and compile the launcher here (no kernel build, no driver) or use the tiny build's.
+def test_every_kernel_param_is_declared_with_a_source():
+    """The registry's params are the ABI's, and gdn_aot_forward has a C expression for each (loader/abi.py)."""
+    for name, fam in decl.FAMILIES.items():
+        assert KERNELS[name].params == fam.kernel_params, name
+        for p in fam.params:
+            assert launcher.param_expr(name, p), (name, p)
+        assert all(q in decl.GRID_QUANTITIES or isinstance(q, int) for q in fam.grid), name
+    assert all(getattr(kernels, n) == bit and n in kernels.__all__ for n, bit in decl.FLAGS.items())
+    assert [r.families for r in decl.ROUTES.values()] == [("gdn_prepare", "gdn_scan"), ("gdn_fused",)]
+
+
+# gdn_aot_forward: a dispatch row's forward in one call (loader/abi.py declares it, build/templates render it).
+# These tests generate and compile the launcher here (no kernel build, no driver) or use the tiny build's.
 
 @pytest.fixture(scope="module")
 def forward_launcher(tmp_path_factory):
-    """The launcher of both kernel families, rendered and compiled into a temporary directory."""
+    """The launcher of every kernel family (both routes), rendered and compiled into a temporary directory."""
     out = tmp_path_factory.mktemp("launcher")
     for name, text in launcher.render("sm_90a", list(KERNELS)).items():
         (out / name).write_text(text)
@@ -85,66 +100,111 @@ def forward_launcher(tmp_path_factory):
     return out
 
 
-def forward_args(prepare_struct, scan_struct, **over):
-    """Packed FORWARD_ARGS for two gdn_aot_kernel_t (KernelStruct); defaults: 1 x 200 tokens, varlen, 8 MiB."""
-    values = dict(prepare=ctypes.addressof(prepare_struct), scan=ctypes.addressof(scan_struct), stream=0,
-                  q=1 << 20, k=2 << 20, v=3 << 20, g=4 << 20, beta=5 << 20, cu_seqlens=6 << 20, h0=0, ht=0,
-                  state_indices=0, o=7 << 20, workspace=1 << 30, workspace_bytes=8 << 20, B=1, T=200, num_seqs=3,
-                  H=2, HV=4, K=128, V=128, BT=64, BV=64, elt=2, prepare_flags=PREPARE_L2NORM, scan_flags=0, scale=128 ** -0.5)
+def forward_args(prepare_struct=None, scan_struct=None, fused_struct=None, **over):
+    """Packed FORWARD_ARGS for gdn_aot_kernel_t mirrors (KernelStruct); defaults: the prepare_scan route (the fused
+    route when only fused_struct is given), 1 x 200 tokens in 3 sequences, varlen, 8 MiB of workspace."""
+    address = lambda s: 0 if s is None else ctypes.addressof(s)  # noqa: E731
+    fused = fused_struct is not None and prepare_struct is None
+    values = dict(route=decl.ROUTES["fused" if fused else "prepare_scan"].id, prepare=address(prepare_struct),
+                  scan=address(scan_struct), fused=address(fused_struct), K=128, V=128, BT=64, BV=0 if fused else 64,
+                  elt=2, stream=0, q=1 << 20, k=2 << 20, v=3 << 20, g=4 << 20, beta=5 << 20, cu_seqlens=6 << 20, h0=0,
+                  ht=0, state_indices=0, o=7 << 20, workspace=1 << 30, workspace_bytes=8 << 20, B=1, T=200, num_seqs=3,
+                  H=2, HV=4, options=decl.OPTION_BITS["L2NORM"], scale=128 ** -0.5)
     values.update(over)
-    assert list(values) == [f[0] for f in FORWARD_ARG_FIELDS]
+    assert list(values) == [f.name for f in FORWARD_ARG_FIELDS]
     return FORWARD_ARGS.pack(*values.values())
 
 
-def test_forward_args_layout_matches_the_c_struct(forward_launcher, tmp_path):
-    """The C struct has the loader's field order and offsets (8 bytes each) and the header the registry's flags."""
-    fields = [f[0] for f in FORWARD_ARG_FIELDS]
-    prints = "".join(f'    printf("%zu\\n", offsetof(gdn_aot_forward_args_t, {n}));\n' for n in fields)
-    src = tmp_path / "layout.c"
+def _offsets(launcher_dir, tmp_path, struct: str, names) -> list[int]:
+    """offsetof(struct, name) for each name, then sizeof(struct), from a C program compiled against the header."""
+    prints = "".join(f'    printf("%zu\\n", offsetof({struct}, {n}));\n' for n in names)
+    src = tmp_path / f"{struct}.c"
     src.write_text('#include <stddef.h>\n#include <stdio.h>\n#include "gdn_aot_launch.h"\nint main(void) {\n'
-                   f'{prints}    printf("%zu\\n", sizeof(gdn_aot_forward_args_t));\n    return 0;\n}}\n')
-    exe = tmp_path / "layout"
-    r = subprocess.run([toolchain.cc(), "-Wall", "-Werror", f"-I{forward_launcher}", f"-I{toolchain.cuda_include()}",
+                   f'{prints}    printf("%zu\\n", sizeof({struct}));\n    return 0;\n}}\n')
+    exe = tmp_path / struct
+    r = subprocess.run([toolchain.cc(), "-Wall", "-Werror", f"-I{launcher_dir}", f"-I{toolchain.cuda_include()}",
                         str(src), "-o", str(exe)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    got = [int(x) for x in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()]
-    assert got == [8 * i for i in range(len(fields))] + [FORWARD_ARGS.size]
-    lib = Launcher(forward_launcher / launcher.LIBRARY)  # checks gdn_aot_forward_args_size() against FORWARD_ARGS
-    assert lib.forward is not None and lib.lib.gdn_aot_forward_args_size() == FORWARD_ARGS.size
+    return [int(x) for x in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()]
+
+
+@pytest.mark.parametrize("struct, mirror", [("gdn_aot_forward_args_t", None), ("gdn_aot_forward_plan_t", decl.ForwardPlan),
+                                            ("gdn_aot_kernel_t", decl.KernelStruct),
+                                            ("gdn_aot_dispatch_row_t", decl.DispatchRow)])
+def test_c_structs_match_the_declarations(forward_launcher, tmp_path, struct, mirror):
+    """Each C struct of the header has the declared fields at the offsets of the loader's mirror (the argument
+    struct: 8 bytes a field, the struct module's packing)."""
+    if mirror is None:
+        fields = [f.name for f in FORWARD_ARG_FIELDS]
+        assert _offsets(forward_launcher, tmp_path, struct, fields) == \
+            [8 * i for i in range(len(fields))] + [FORWARD_ARGS.size]
+        return
+    fields = [n for n, _ in mirror._fields_]
+    assert _offsets(forward_launcher, tmp_path, struct, fields) == \
+        [getattr(mirror, n).offset for n in fields] + [ctypes.sizeof(mirror)]
+
+
+def test_header_has_the_declared_macros_and_entry_points(forward_launcher):
+    lib = Launcher(forward_launcher / launcher.LIBRARY)  # checks the struct sizes against the loader's
+    assert lib.gdn_aot_forward is not None and lib.lib.gdn_aot_forward_args_size() == FORWARD_ARGS.size
     header = (forward_launcher / launcher.HEADER).read_text()
-    assert "CUresult gdn_aot_forward(const gdn_aot_forward_args_t *args);" in header
-    for name in ("PREPARE_L2NORM", "SCAN_HAS_H0", "SCAN_STORE_HT", "SCAN_USE_INDICES"):
-        assert f"#define GDN_AOT_{name} {getattr(kernels, name)}\n" in header
+    for decl_line in ("CUresult gdn_aot_forward(const gdn_aot_forward_args_t *args);",
+                      "const gdn_aot_dispatch_row_t *gdn_aot_select(const char *dtype, int64_t K, int64_t V, int "
+                      "varlen, int transpose,", f"#define GDN_AOT_LAUNCHER_ABI_VERSION {decl.LAUNCHER_ABI_VERSION}\n",
+                      f"#define GDN_AOT_WORKSPACE_ALIGN {decl.WORKSPACE_ALIGN}\n"):
+        assert decl_line in header, decl_line
+    for name, bit in decl.FLAGS.items():
+        assert f"#define GDN_AOT_{name} {bit} " in header
+    for o in decl.OPTIONS:
+        assert f"#define GDN_AOT_FORWARD_{o.name} {o.bit} " in header
+    for r in decl.ROUTES.values():
+        assert f"#define GDN_AOT_ROUTE_{r.name.upper()} {r.id} " in header
     assert "SCAN_L2NORM" not in header
 
 
 def test_forward_call_needs_a_value_for_every_kernel_param(monkeypatch):
-    """A registry param gdn_aot_forward does not know fails the launcher generation, naming it."""
+    """A registry param the ABI does not declare, or a source naming nothing, fails the launcher generation."""
     kd = KERNELS["gdn_scan"]
     monkeypatch.setitem(KERNELS, "gdn_scan", dataclasses.replace(kd, params=kd.params + (("extra", "i32"),)))
     with pytest.raises(launcher.LauncherError, match=r"gdn_scan's params \['extra'\]"):
         launcher.render("sm_90a", list(KERNELS))
-    assert launcher.forward(["gdn_prepare"]) is None  # a spec without both families has no gdn_aot_forward
+    with pytest.raises(launcher.LauncherError, match="names no forward argument"):
+        launcher.param_expr("gdn_scan", decl.Param("x", "i32", "args.no_such_field"))
+    assert launcher.forward_context(["gdn_prepare"]) is None  # no route's kernels: no gdn_aot_forward
+    routes = launcher.forward_context(["gdn_fused"])["routes"]
+    assert [(r["name"], r["built"]) for r in routes] == [("prepare_scan", False), ("fused", True)]
 
 
 def test_forward_refuses_bad_calls_without_a_driver(forward_launcher):
-    """Sizes, workspace size and alignment, and state_indices without h0 are refused with CUDA_ERROR_INVALID_VALUE
-    before anything is launched; unloaded kernels with CUDA_ERROR_INVALID_HANDLE, before the driver is touched."""
+    """Sizes, workspace size and alignment, a missing kernel of the route, an unknown route, and state_indices
+    without h0 are refused with CUDA_ERROR_INVALID_VALUE before anything is launched; unloaded kernels with
+    CUDA_ERROR_INVALID_HANDLE, before the driver is touched."""
     lib = Launcher(forward_launcher / launcher.LIBRARY)
-    prep, scan = KernelStruct(scratch_size=0), KernelStruct(scratch_size=128)
+    prep, scan, fused = KernelStruct(scratch_size=0), KernelStruct(scratch_size=128), KernelStruct(scratch_size=640)
     args = forward_args(prep, scan)
     need = lib.plan(args).workspace_bytes
     assert lib.workspace_bytes(args) == need
     for bad in (dict(HV=3), dict(BV=48), dict(B=2), dict(H=0), dict(T=-1), dict(cu_seqlens=0, num_seqs=2),
-                dict(prepare=0), dict(T=1 << 31)):
+                dict(prepare=0), dict(T=1 << 31), dict(route=7), dict(route=decl.ROUTES["fused"].id)):
         a = forward_args(prep, scan, **bad)
         assert lib.workspace_bytes(a) == -1, bad
-        assert lib.forward(a) == CUDA_ERROR_INVALID_VALUE, bad
+        assert lib.gdn_aot_forward(a) == CUDA_ERROR_INVALID_VALUE, bad
         with pytest.raises(DriverError, match="gdn_aot_forward_plan refused"):
             lib.plan(a)
     for bad in (dict(workspace_bytes=need - 1), dict(workspace=(1 << 30) + 128), dict(state_indices=8 << 20)):
-        assert lib.forward(forward_args(prep, scan, **bad)) == CUDA_ERROR_INVALID_VALUE, bad
-    assert lib.forward(forward_args(prep, scan, workspace_bytes=need)) == CUDA_ERROR_INVALID_HANDLE
+        assert lib.gdn_aot_forward(forward_args(prep, scan, **bad)) == CUDA_ERROR_INVALID_VALUE, bad
+    assert lib.gdn_aot_forward(forward_args(prep, scan, workspace_bytes=need)) == CUDA_ERROR_INVALID_HANDLE
+    assert lib.gdn_aot_forward(forward_args(fused_struct=fused)) == CUDA_ERROR_INVALID_HANDLE  # BV unused there
+
+
+def test_route_of_a_spec_without_its_kernels_is_not_supported(tmp_path):
+    """A launcher built without gdn_fused answers the fused route with CUDA_ERROR_NOT_SUPPORTED."""
+    for name, text in launcher.render("sm_90a", ["gdn_prepare", "gdn_scan"]).items():
+        (tmp_path / name).write_text(text)
+    launcher.compile_so(tmp_path, tmp_path / launcher.LIBRARY)
+    lib = Launcher(tmp_path / launcher.LIBRARY)
+    assert lib.lib.gdn_aot_forward_workspace_bytes(forward_args(fused_struct=KernelStruct())) == -1
+    assert lib.gdn_aot_forward(forward_args(fused_struct=KernelStruct())) == CUDA_ERROR_NOT_SUPPORTED
 
 
 SHAPES = [  # (B, T, num_seqs, H, HV, varlen)
@@ -153,33 +213,58 @@ SHAPES = [  # (B, T, num_seqs, H, HV, varlen)
 ]
 
 
+def expected_plan(route: str, scratch: dict, B, T, n, H, HV, varlen=True, BV=64, K=128, V=128) -> dict:
+    """The documented plan (docs/artifacts.md), computed independently of loader/abi.py's declarations."""
+    rows = B * T
+    slots = rows // 64 + n if varlen else n * -(-T // 64)
+    a = lambda x: -(-x // 256) * 256  # noqa: E731  (each region 256-byte aligned)
+    if route == "prepare_scan":
+        grids = {"prepare": [slots, H, 1], "scan": [n, HV, V // BV]}
+        sizes = [rows * HV * K * 2, rows * HV * V * 2] + [rows * HV * 4] * 3
+    else:
+        grids, sizes = {"fused": [n, HV, 1]}, [0] * 5
+    need = max(scratch[h] * g[0] * g[1] * g[2] for h, g in grids.items())
+    offsets = [sum(a(x) for x in sizes[:i]) for i in range(6)]
+    return {"grids": grids, "offsets": offsets, "scratch_bytes": need, "workspace_bytes": offsets[-1] + a(need)}
+
+
+def _check_plan(p, want):
+    for h in ("prepare", "scan", "fused"):
+        assert list(getattr(p, f"{h}_grid")) == want["grids"].get(h, [0, 0, 0]), h
+    assert [p.w, p.u, p.gam, p.qg, p.kg, p.scratch] == want["offsets"]
+    assert p.scratch_bytes == want["scratch_bytes"] and p.workspace_bytes == want["workspace_bytes"]
+
+
+@pytest.mark.parametrize("B, T, n, H, HV", [s[:5] for s in SHAPES if s[5]])
+def test_fused_route_plan(forward_launcher, B, T, n, H, HV):
+    """The fused route: grid (N, HV, 1), no workspace regions, the kernel's global scratch only."""
+    lib = Launcher(forward_launcher / launcher.LIBRARY)
+    p = lib.plan(forward_args(fused_struct=KernelStruct(scratch_size=640), B=B, T=T, num_seqs=n, H=H, HV=HV))
+    _check_plan(p, expected_plan("fused", {"fused": 640}, B, T, n, H, HV))
+    assert p.T_arg == B * T
+
+
 @pytest.mark.parametrize("arch, cap", [("sm_90a", (9, 0)), ("sm_100a", (10, 0))])
 def test_forward_plan_matches_the_loader(tiny_build, arch, cap):
-    """For the tiny build's variants: the C plan has the documented grids and layout, and the workspace the Python
-    API allocates (runtime.Forward.workspace_bytes) covers it with at most 6 * 255 bytes to spare."""
+    """For every route of the tiny build's dispatch table: the C plan has the documented grids and layout, and the
+    workspace the Python API allocates (routes.Route.workspace_bytes) covers it with at most 6 * 255 bytes to
+    spare."""
     tiny_build.require(arch, "gdn_prepare")
     tiny_build.require(arch, "gdn_scan")
     arts = Artifacts.for_device(0, capability=cap, root=tiny_build.out)
     lib = Launcher.open(arts.manifest.verify_launcher())
     for transpose in (False, True):
-        fwd = arts.forward("bf16", 128, 128, True, transpose, sm_count=132)
-        for scan in set(fwd.scans):
-            prep_s, scan_s = KernelStruct(scratch_size=fwd.prepare.scratch_size), KernelStruct(
-                scratch_size=scan.scratch_size)
+        for route in arts.routes("bf16", 128, 128, True, transpose, sm_count=132).routes:
+            structs = {f: KernelStruct(scratch_size=k.scratch_size) for f, k in route.kernels.items()}
+            handles = {f"{decl.FAMILIES[f].handle}_struct": s for f, s in structs.items()}
+            scratch = {decl.FAMILIES[f].handle: s.scratch_size for f, s in structs.items()}
             for B, T, n, H, HV, varlen in SHAPES:
-                args = forward_args(prep_s, scan_s, B=B, T=T, num_seqs=n, H=H, HV=HV, BV=scan.BV,
+                args = forward_args(**handles, B=B, T=T, num_seqs=n, H=H, HV=HV, BV=route.BV,
                                     cu_seqlens=6 << 20 if varlen else 0)
                 p = lib.plan(args)
-                rows = B * T
-                slots = rows // 64 + n if varlen else n * -(-T // 64)
-                assert list(p.prepare_grid) == [slots, H, 1] and list(p.scan_grid) == [n, HV, 128 // scan.BV]
-                assert p.T_arg == (rows if varlen else T)
-                a = lambda x: -(-x // 256) * 256  # noqa: E731
-                sizes = [rows * HV * 128 * 2] * 2 + [rows * HV * 4] * 3
-                scratch = max(prep_s.scratch_size * slots * H, scan_s.scratch_size * n * HV * (128 // scan.BV))
-                offsets = [sum(a(x) for x in sizes[:i]) for i in range(6)]
-                assert [p.w, p.u, p.gam, p.qg, p.kg, p.scratch] == offsets
-                assert p.scratch_bytes == scratch and p.workspace_bytes == offsets[-1] + a(scratch)
-                bound = fwd.workspace_bytes(scan, B, T, n, H, HV) if varlen else None
-                if bound is not None:
+                want = expected_plan(route.name, scratch, B, T, n, H, HV, varlen=varlen, BV=route.BV)
+                _check_plan(p, want)
+                assert p.T_arg == (B * T if varlen else T)
+                bound = route.workspace_bytes(B, T, n, H, HV)
+                if varlen:
                     assert p.workspace_bytes <= bound <= p.workspace_bytes + 6 * 255

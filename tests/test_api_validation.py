@@ -1,11 +1,14 @@
-"""Bad input to chunk_gated_delta_rule raises a clear TypeError/ValueError naming the argument.
+"""Bad input to chunk_gated_delta_rule raises a clear TypeError/ValueError naming the argument; inputs the kernels
+cannot read as given (non-contiguous, a 16-bit initial state) are converted once; grad mode is refused.
 
 Structure is checked before devices, so every error here is reproducible on a CPU-only machine (CI); the
-device-dependent checks (tensors on two devices, cu_seqlens values on the GPU) run in test_gpu_forward.py.
+device-dependent checks (tensors on two devices, cu_seqlens values on the GPU) run in test_gpu_forward.py. The
+conversions are checked on the CPU by running the call's steps up to the launch (loader/api.py).
 """
 import pytest
 import torch
 
+from gdn_aot.loader import api, validate
 from gdn_aot.loader.api import chunk_gated_delta_rule
 
 
@@ -30,7 +33,6 @@ CASES = [
     (dict(v=torch.randn(1, 7, 4, 128, dtype=torch.bfloat16)), ValueError, "v must be \\[B, T, HV, V\\]"),
     (dict(v=torch.randn(1, 8, 3, 128, dtype=torch.bfloat16), g=-torch.rand(1, 8, 3), beta=torch.rand(1, 8, 3)),
      ValueError, "HV=3 must be a multiple of q/k's H=2"),
-    (dict(q=torch.randn(1, 2, 8, 128, dtype=torch.bfloat16).transpose(1, 2)), ValueError, "q must be contiguous"),
     (dict(g=-torch.rand(1, 8, 2)), ValueError, "g must have shape \\[B, T, HV\\]"),
     (dict(beta=torch.rand(1, 8, 4).to(torch.int32)), TypeError, "beta must be float32, bfloat16 or float16"),
     (dict(cu_seqlens=torch.tensor([0, 8.0])), TypeError, "cu_seqlens must be int32 or int64"),
@@ -38,8 +40,14 @@ CASES = [
     (dict(cu_seqlens=torch.tensor([1, 8]), validate=True), ValueError, "cu_seqlens must start at 0"),
     (dict(cu_seqlens=torch.tensor([0, 5, 3, 8]), validate=True), ValueError, "cu_seqlens must be non-decreasing"),
     (dict(cu_seqlens=torch.tensor([0, 7]), validate=True), ValueError, "cu_seqlens must end at T = 8"),
-    (dict(initial_state=torch.zeros(1, 4, 128, 128, dtype=torch.bfloat16)), TypeError,
-     "initial_state must be float32"),
+    (dict(initial_state=torch.zeros(1, 4, 128, 128, dtype=torch.int32)), TypeError,
+     "initial_state must be float32, bfloat16 or float16"),
+    (dict(initial_state=torch.zeros(3, 4, 128, 128, dtype=torch.bfloat16), state_indices=torch.tensor([0])),
+     TypeError, "initial_state must be float32 \\(the kernels write it in place\\)"),
+    (dict(output_state=torch.zeros(1, 4, 128, 128, dtype=torch.bfloat16)), TypeError,
+     "output_state must be float32 \\(the kernels write it in place\\)"),
+    (dict(initial_state=torch.zeros(3, 4, 128, 128).transpose(2, 3), state_indices=torch.tensor([0])),
+     ValueError, "initial_state must be contiguous \\(the kernels write it in place\\)"),
     (dict(initial_state=torch.zeros(2, 4, 128, 128)), ValueError, "initial_state must be \\[N, HV, K, V\\]"),
     (dict(initial_state=torch.zeros(1, 4, 128, 128), transpose_state=True, output_state=torch.zeros(1, 4, 64, 128)),
      ValueError, "output_state must be \\[N, HV, V, K\\] \\(transpose_state=True\\)"),
@@ -89,3 +97,124 @@ def test_fla_compat_takes_vllms_keywords():
         fla_style(**args, head_first=True)
     with pytest.raises(TypeError, match="unexpected keyword arguments"):
         fla_style(**args, no_such_option=1)
+
+
+class _Stop(Exception):
+    pass
+
+
+def checked_call(monkeypatch, **over) -> validate.Call:
+    """The Call the API's check step makes of these arguments, as on a GPU (the device check passes, the call stops
+    before select)."""
+    monkeypatch.setattr(validate, "_check_devices", lambda c: 0)
+    seen = {}
+
+    def stop(call, artifacts):
+        seen["call"] = call
+        raise _Stop
+
+    monkeypatch.setattr(api, "select", stop)
+    with pytest.raises(_Stop):
+        call(**over)
+    return seen["call"]
+
+
+class _NoRoute:
+    """A route's workspace bound without kernels (the allocate step on the CPU)."""
+
+    def workspace_bytes(self, B, T, num_seqs, H, HV):
+        return 256
+
+
+def allocate(c):
+    work, address, size = api.allocate(c, _NoRoute())
+    assert size == 256 and address % 256 == 0 and work.numel() >= size
+
+
+def test_non_contiguous_inputs_are_copied_once(monkeypatch):
+    """q, k, v, g, beta in any layout: one contiguous copy each (in the dtype the kernels read), same values."""
+    base = inputs()
+    strided = {name: x.transpose(1, 2).contiguous().transpose(1, 2) for name, x in base.items()}
+    assert not any(x.is_contiguous() for x in strided.values())
+    c = checked_call(monkeypatch, **strided)
+    allocate(c)
+    for name in ("q", "k", "v", "g", "beta"):
+        x = getattr(c, name)
+        assert x.is_contiguous() and torch.equal(x, base[name]), name
+        assert x.dtype == (torch.float32 if name in ("g", "beta") else torch.bfloat16)
+    assert c.output.is_contiguous() and c.output.shape == base["v"].shape and c.output.dtype == torch.bfloat16
+    for x in strided.values():  # the caller's tensors are left as they were
+        assert not x.is_contiguous()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_initial_state_of_any_float_dtype(monkeypatch, dtype):
+    """fla reads the initial state in any float dtype and returns a new final state in fp32; so does gdn_aot
+    (one conversion to contiguous fp32, none when it already is)."""
+    h0 = torch.randn(1, 4, 128, 128).to(dtype)
+    c = checked_call(monkeypatch, initial_state=h0, output_final_state=True)
+    allocate(c)
+    assert c.initial_state.dtype == torch.float32 and c.initial_state.is_contiguous()
+    assert torch.equal(c.initial_state, h0.float())
+    assert (c.initial_state is h0) == (dtype == torch.float32)
+    assert c.output_state.dtype == torch.float32 and c.output_state.shape == (1, 4, 128, 128)
+    t = torch.randn(1, 4, 128, 128).to(dtype).transpose(2, 3)  # [N, HV, V, K] in a strided layout
+    c = checked_call(monkeypatch, initial_state=t, transpose_state=True)
+    allocate(c)
+    assert c.initial_state.is_contiguous() and torch.equal(c.initial_state, t.float())
+
+
+def test_state_pool_is_used_in_place(monkeypatch):
+    pool = torch.randn(3, 4, 128, 128)
+    c = checked_call(monkeypatch, initial_state=pool, state_indices=torch.tensor([2]))
+    allocate(c)
+    assert c.initial_state is pool and c.output_state is pool and c.state_indices.dtype == torch.int32
+
+
+def test_grad_mode_is_refused_with_a_way_out():
+    """The forward has no backward: an input that requires grad under grad mode is refused, naming it and saying
+    how to call it; under no_grad / inference_mode, or detached, the call goes on (to the CPU error here)."""
+    for name in ("q", "v", "g", "beta", "initial_state"):
+        args = inputs()
+        args["initial_state"] = torch.zeros(1, 4, 128, 128)
+        args[name] = args[name].clone().requires_grad_()
+        with pytest.raises(RuntimeError, match=f"forward-only \\(inference\\) kernel, but {name} requires grad") as ei:
+            chunk_gated_delta_rule(**args)
+        assert "torch.no_grad()" in str(ei.value) and "torch.inference_mode()" in str(ei.value)
+        assert ".detach()" in str(ei.value)
+        for ctx in (torch.no_grad, torch.inference_mode):
+            with ctx(), pytest.raises(ValueError, match="q must be on a CUDA device"):
+                chunk_gated_delta_rule(**args)
+        args[name] = args[name].detach()
+        with pytest.raises(ValueError, match="q must be on a CUDA device"):
+            chunk_gated_delta_rule(**args)
+
+
+def test_launch_packs_the_declared_fields(monkeypatch):
+    """The launch step's argument struct, read back by the declared field names (loader/abi.py): each field holds
+    what its name says (the route's half comes packed from the route)."""
+    from types import SimpleNamespace
+
+    from gdn_aot.loader.abi import FORWARD_ARG_FIELDS, FORWARD_ARGS, OPTION_BITS, ROUTE_ARGS
+
+    h0 = torch.randn(1, 4, 128, 128)
+    cu = torch.tensor([0, 8], dtype=torch.int32)
+    c = checked_call(monkeypatch, initial_state=h0, output_final_state=True, cu_seqlens=cu,
+                     use_qk_l2norm_in_kernel=True, scale=0.25)
+    allocate(c)
+    sent = []
+    route = SimpleNamespace(prefix=ROUTE_ARGS.pack(0, 11, 12, 0, 128, 128, 64, 64, 2))
+    routes = SimpleNamespace(launcher=SimpleNamespace(gdn_aot_forward=lambda args: sent.append(args) or 0))
+    monkeypatch.setattr(api, "_current_device", lambda: 0)
+    monkeypatch.setattr(api, "_raw_stream", lambda index: 77)
+    api.launch(c, routes, route, 4096, 256)
+    (args,) = sent
+    got = dict(zip([f.name for f in FORWARD_ARG_FIELDS], FORWARD_ARGS.unpack(args)))
+    assert {n: got[n] for n in ("route", "prepare", "scan", "fused", "K", "V", "BT", "BV", "elt")} == dict(
+        route=0, prepare=11, scan=12, fused=0, K=128, V=128, BT=64, BV=64, elt=2)
+    for name in ("q", "k", "v", "g", "beta", "cu_seqlens"):
+        assert got[name] == getattr(c, name).data_ptr(), name
+    assert got["h0"] == h0.data_ptr() and got["ht"] == c.output_state.data_ptr() and got["o"] == c.output.data_ptr()
+    assert got["state_indices"] == 0 and got["stream"] == 77 and (got["workspace"], got["workspace_bytes"]) == (4096, 256)
+    assert (got["B"], got["T"], got["num_seqs"], got["H"], got["HV"], got["scale"]) == (1, 8, 1, 2, 4, 0.25)
+    assert got["options"] == OPTION_BITS["L2NORM"] | OPTION_BITS["HAS_H0"] | OPTION_BITS["STORE_HT"]

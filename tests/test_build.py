@@ -1,6 +1,7 @@
 """The real build of specs/tiny.yaml: outcome, artifacts, incremental rebuild, reproducibility, failure reports."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -47,8 +48,20 @@ def test_manifest_contents(tiny_build, arch):
     assert m["triton_version"] == "3.6.0"
     assert m["ptxas_version"].startswith("12.8" if arch == "sm_90a" else "12.9")
     assert len(m["spec"]["sha256"]) == 64 and m["spec"]["path"].endswith("tiny.yaml")
-    assert m["dispatch"] == load_spec(REPO / "specs" / "tiny.yaml").dispatch.get(arch, {})
-    assert set(m["kernels"]) == set(KERNELS) == {"gdn_prepare", "gdn_scan"}
+    spec = load_spec(REPO / "specs" / "tiny.yaml")
+    assert m["dispatch"]["spec"] == spec.dispatch.get(arch, {})
+    # the table: per state layout, the warp-specialised scan for single-wave batches on sm_90a, then the default
+    # (classes the spec gives gdn_fused, once it is built, route there)
+    classes = ["single_wave", "default"] if arch == "sm_90a" else ["default"]
+    fused = {c for c in spec.dispatch.get(arch, {}).get("gdn_fused", {}).get("classes", [])
+             if any(e["kernel"] == "gdn_fused" for e in m["variants"].values())}
+    assert [(r["transpose"], r["class"], r["route"]) for r in m["dispatch"]["table"]] == [
+        (tr, c, "fused" if c in fused else "prepare_scan") for tr in (False, True) for c in classes]
+    for r in m["dispatch"]["table"]:
+        assert set(r["kernels"]) == ({"gdn_fused"} if r["route"] == "fused" else {"gdn_prepare", "gdn_scan"})
+        assert set(r["kernels"].values()) <= set(m["variants"])
+    assert set(m["kernels"]) == set(spec.kernels) and set(m["kernels"]) <= set(KERNELS)
+    assert m["launcher"]["forward"]["routes"][0] == "prepare_scan"
     for name, fam in m["kernels"].items():  # the family's launcher params are the registry's, in order
         assert [p["name"] for p in fam["params"]] == [n for n, _ in KERNELS[name].params]
         assert fam["launch_function"] == f"gdn_aot_launch_{name}"
@@ -80,7 +93,8 @@ def test_manifest_contents(tiny_build, arch):
     header = (launcher / "gdn_aot_launch.h").read_text()
     assert f"#define GDN_AOT_LAUNCHER_ABI_VERSION {LAUNCHER_ABI_VERSION}" in header
     assert "gdn_l2norm" not in header  # the family is gone (fused into gdn_prepare / gdn_scan)
-    for name, kd in KERNELS.items():  # one function per family, built or not, with the registry's params in order
+    for name in m["kernels"]:  # one function per family of the spec, with the registry's params in order
+        kd = KERNELS[name]
         decl = re.search(rf"CUresult gdn_aot_launch_{name}\(const gdn_aot_kernel_t \*kern, CUstream stream, "
                          rf"unsigned gx, unsigned gy, unsigned gz,(.*?)\);", header, re.S)
         assert decl, name
@@ -133,7 +147,7 @@ def test_failed_variant_is_reported_and_the_rest_builds(tmp_path, monkeypatch):
     base = KERNELS["gdn_prepare"]
     monkeypatch.setitem(KERNELS, "gdn_broken", KernelDef(
         name="gdn_broken", params=base.params, constexprs=base.constexprs,
-        sources={"sm90": "gdn_aot.kernels.no_such_module:k"}, grid="(1, 1, 1)", uses_axes=base.uses_axes))
+        sources={"sm90": ".no_such_module:k"}, grid="(1, 1, 1)", uses_axes=base.uses_axes))
     spec = tmp_path / "s.yaml"
     spec.write_text("K: 128\nV: 128\narches: [sm_90a]\nkernels:\n  gdn_prepare: {dtype: bf16, varlen: true}\n"
                     "  gdn_broken: {dtype: bf16, varlen: true}\n")
@@ -167,3 +181,29 @@ def test_worker_crash_is_contained(tmp_path, monkeypatch):
     assert status["bf16"].status == "compiled" and status["fp16"].status == "failed"
     assert "signal" in status["fp16"].error
     assert "LLVM ERROR: boom" in (tmp_path / "out" / status["fp16"].log).read_text()
+
+
+def test_spec_with_gdn_fused_whose_source_is_missing(tmp_path, monkeypatch):
+    """A spec naming gdn_fused builds while its source is missing: the fused variants are the expected failures,
+    the launcher still has the family's launch function and the fused route (refused until a variant is built),
+    and the dispatch table routes every class to gdn_prepare + gdn_scan."""
+    from gdn_aot.loader import Launcher
+
+    fused = KERNELS["gdn_fused"]
+    monkeypatch.setitem(KERNELS, "gdn_fused", dataclasses.replace(fused, sources={"sm90": ".no_such_fused:k"}))
+    spec = tmp_path / "s.yaml"
+    spec.write_text("K: 128\nV: 128\narches: [sm_90a]\nkernels:\n  gdn_prepare: {dtype: bf16, varlen: true}\n"
+                    "  gdn_scan: {dtype: bf16, varlen: true, BV: 64}\n"
+                    "  gdn_fused: {dtype: bf16, varlen: true, launch: {sm_90a: {num_warps: 16}}}\n"
+                    "dispatch:\n  sm_90a:\n    gdn_fused: {classes: [default]}\n")
+    out = tmp_path / "out"
+    r = CliRunner().invoke(cli.main, ["build", str(spec), "--out", str(out), "-j", "2"])
+    assert r.exit_code == 1 and "gdn_fused.sm_90a" in r.output and "2 compiled" in r.output, r.output
+    m = json.loads((out / "sm_90a" / "manifest.json").read_text())
+    assert [k.split(".")[0] for k in m["failed"]] == ["gdn_fused"]
+    assert [(row["class"], row["route"]) for row in m["dispatch"]["table"]] == [("default", "prepare_scan")]
+    assert m["launcher"]["forward"]["routes"] == ["prepare_scan", "fused"]
+    header = (out / "sm_90a" / "launcher" / "gdn_aot_launch.h").read_text()
+    assert "CUresult gdn_aot_launch_gdn_fused(" in header and "#define GDN_AOT_ROUTE_FUSED 1" in header
+    lib = Launcher(out / "sm_90a" / "launcher" / f"libgdn_aot_launch.so.{LAUNCHER_ABI_VERSION}")
+    assert lib.select("bf16", 128, 128, True, False, 4, 132)["scan"] == m["dispatch"]["table"][0]["kernels"]["gdn_scan"]

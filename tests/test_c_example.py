@@ -1,7 +1,8 @@
 """The C and C++ consumers of the launcher ABI, on the CPU: examples/c/run_gdn.c (one gdn_prepare launch) and
 examples/cpp/gdn_forward.cpp (a whole forward, gdn_aot_forward.hpp) compile with -Wall -Werror against each
 arch's generated header and versioned launcher library alone, reach the driver only through the launcher, and
-the C++ program picks the variants, grids and workspace the Python API uses (--dry-run needs no GPU).
+the C++ program picks, from the launcher's dispatch table, the variants, grids and workspace the Python API uses
+(--dry-run needs no GPU).
 Running them on a GPU: test_c_example_runs_on_gpu below and tests/test_gpu_cpp.py."""
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import subprocess
 import pytest
 
 from gdn_aot.build.toolchain import cc, cuda_include
-from gdn_aot.loader import Artifacts
+from gdn_aot.loader import Artifacts, Routes, dispatch
 from gdn_aot.loader.artifacts import LAUNCHER_ABI_VERSION
 
 from conftest import ARCHES, REPO
@@ -104,40 +105,52 @@ def _dry_run(exe, arch_dir, *args) -> dict:
     return dict(line.split(": ", 1) for line in r.stdout.splitlines() if ": " in line)
 
 
+# (sequence lengths, H, HV, SMs): the tiny build's sm_90a table puts N * HV <= SMs / 2 in the single-wave class
+CPP_SHAPES = [([100, 1, 0, 300], 2, 4, 132), ([64] * 18, 2, 4, 132), ([5] * 33, 1, 2, 132), ([5] * 33, 1, 2, 100),
+              ([7000], 16, 32, 132), ([1] * 40, 16, 32, 132), ([3], 1, 1, 1)]
+
+
 @pytest.mark.parametrize("arch, cap", [("sm_90a", (9, 0)), ("sm_100a", (10, 0))])
 @pytest.mark.parametrize("transpose, l2norm", [(False, True), (True, False)])
 def test_cpp_example_picks_what_the_python_api_picks(tiny_build, tmp_path, arch, cap, transpose, l2norm):
-    """--dry-run: the C++ helper's variants, grids and workspace size for a varlen batch, against the loader's
-    pick() and the layout of the workspace the Python API allocates (w, u bf16; gam, qg, kg fp32; scratch)."""
+    """--dry-run for a set of shapes: the C++ helper's dispatch row (gdn_aot_select), variants, grids and workspace
+    size against the Python loader's route for the batch (the manifest's table) and the layout of the workspace
+    the Python API allocates (w, u bf16; gam, qg, kg fp32; scratch)."""
     tiny_build.require(arch, "gdn_prepare")
     tiny_build.require(arch, "gdn_scan")
     exe = compile_cpp_example(tiny_build, arch, tmp_path)
-    lens, H, HV, K, V = [100, 1, 0, 300], 2, 4, 128, 128
     s = Artifacts.for_device(0, capability=cap, root=tiny_build.out)
-    BV = s.dispatch("gdn_scan")["default_BV"]
-    extra = ["--lens", ",".join(map(str, lens)), "--heads", f"{H},{HV}", "--bv", str(BV)]
-    got = _dry_run(exe, tiny_build.out / arch, *extra, *(["--transpose"] if transpose else []),
-                   *([] if l2norm else ["--no-l2norm"]))
-    prep = s.pick("gdn_prepare", dtype="bf16", K=K, V=V, varlen=True)
-    scan = s.pick("gdn_scan", dtype="bf16", K=K, V=V, varlen=True, transpose=transpose, BV=BV)
-    assert (got["prepare"], got["scan"]) == (prep.key, scan.key)
-    rows, n = sum(lens), len(lens)
-    pgrid, sgrid = (rows // 64 + n, H, 1), (n, HV, V // BV)
-    assert got["prepare_grid"] == " ".join(map(str, pgrid)) and got["scan_grid"] == " ".join(map(str, sgrid))
-    a = lambda b: -(-b // 256) * 256  # noqa: E731  (each region 256-byte aligned)
-    want = (a(rows * HV * K * 2) + a(rows * HV * V * 2) + 3 * a(rows * HV * 4)
-            + a(max(prep.scratch_bytes(pgrid), scan.scratch_bytes(sgrid))))
-    assert int(got["workspace_bytes"]) == want
-    fwd = s.forward("bf16", K, V, True, transpose, sm_count=132)  # the Python API's allocation covers it
-    assert want <= fwd.workspace_bytes(scan, 1, rows, n, H, HV) <= want + 6 * 255
+    classes = set()
+    for lens, H, HV, sms in CPP_SHAPES:
+        extra = ["--lens", ",".join(map(str, lens)), "--heads", f"{H},{HV}", "--sms", str(sms)]
+        got = _dry_run(exe, tiny_build.out / arch, *extra, *(["--transpose"] if transpose else []),
+                       *([] if l2norm else ["--no-l2norm"]))
+        rows, n = sum(lens), len(lens)
+        rows_of_config = dispatch.config_rows(s.table, "bf16", 128, 128, True, transpose)
+        route = Routes(rows_of_config, s.kernel, s.manifest, 0, sms).select(n * HV)  # the API's choice
+        classes.add(route.row["class"])
+        assert got["class"] == route.row["class"] and int(got["route"]) == route.id, (lens, H, HV, sms)
+        prep, scan = route.kernels["gdn_prepare"], route.kernels["gdn_scan"]
+        assert (got["prepare"], got["scan"]) == (prep.key, scan.key), (lens, H, HV, sms)
+        pgrid, sgrid = (rows // 64 + n, H, 1), (n, HV, 128 // scan.BV)
+        assert got["prepare_grid"] == " ".join(map(str, pgrid)) and got["scan_grid"] == " ".join(map(str, sgrid))
+        a = lambda b: -(-b // 256) * 256  # noqa: E731  (each region 256-byte aligned)
+        want = (a(rows * HV * 128 * 2) * 2 + 3 * a(rows * HV * 4)
+                + a(max(prep.scratch_bytes(pgrid), scan.scratch_bytes(sgrid))))
+        assert int(got["workspace_bytes"]) == want
+        assert want <= route.workspace_bytes(1, rows, n, H, HV) <= want + 6 * 255  # the Python API's allocation
+    assert classes == ({"single_wave", "default"} if arch == "sm_90a" else {"default"})
 
 
 def test_cpp_example_errors_are_clear(tiny_build, tmp_path):
     tiny_build.require("sm_90a", "gdn_scan")
     exe = compile_cpp_example(tiny_build, "sm_90a", tmp_path)
-    r = subprocess.run([str(exe), str(tiny_build.out / "sm_90a"), "--dry-run", "--bv", "32"],
+    r = subprocess.run([str(exe), str(tiny_build.out / "sm_90a"), "--dry-run", "--sms", "132", "--dims", "64,64"],
                        capture_output=True, text=True)
-    assert r.returncode == 1 and "BV=32 is not built" in r.stderr and "gdn_scan.sm_90a.bf16" in r.stderr
+    assert r.returncode == 1 and "no dispatch row serves dtype=bf16 K=64 V=64" in r.stderr, r.stderr
+    assert "K=128 V=128" in r.stderr and "gdn-aot build" in r.stderr
+    r = subprocess.run([str(exe), str(tiny_build.out / "sm_90a"), "--dry-run"], capture_output=True, text=True)
+    assert r.returncode == 1 and "--dry-run needs --sms" in r.stderr
     r = subprocess.run([str(exe), str(tmp_path / "nowhere")], capture_output=True, text=True)
     assert r.returncode == 1 and "kernels.tsv" in r.stderr and "gdn-aot build" in r.stderr
     r = subprocess.run([str(exe)], capture_output=True, text=True)

@@ -179,8 +179,7 @@ NO_TRITON_SCRIPT = textwrap.dedent("""
     for cap in ((9, 0), (10, 0)):
         s = Artifacts.for_device(0, capability=cap)
         prep = s.pick("gdn_prepare", dtype="bf16", K=128, V=128, varlen=True)
-        scan = s.pick("gdn_scan", dtype="bf16", K=128, V=128, varlen=True, transpose=False,
-                      BV=s.choose_BV("gdn_scan", 8, 132))
+        scan = s.routes("bf16", 128, 128, True, False, sm_count=132).select(8).kernels["gdn_scan"]
         s.manifest.read_cubin(prep.key), s.manifest.read_cubin(scan.key)  # sha256-checked
         lib = Launcher.open(s.manifest.verify_launcher())  # dlopen the launcher .so
         out["picked"][s.arch] = [prep.key, scan.key, lib.lib.gdn_aot_abi_version(), lib.path.name]

@@ -1,8 +1,9 @@
 """examples/cpp/gdn_forward.cpp on a GPU: the C++ forward on raw device pointers gives the same o and final
 state as gdn_aot.chunk_gated_delta_rule on the same inputs (written from Python as raw files).
 
-Both run the same cubins with the same arguments and grids, and the kernels are deterministic, so the results
-must be bitwise equal; the relative error is printed when they are not.
+Both pick the route and variants from the same dispatch table (the C++ program through gdn_aot_select, with the
+device's SM count) and run the same cubins with the same arguments and grids, and the kernels are deterministic,
+so the results must be bitwise equal; the relative error is printed when they are not.
 """
 from __future__ import annotations
 
@@ -11,8 +12,6 @@ import subprocess
 import numpy as np
 import pytest
 import torch
-
-from gdn_aot.loader import Artifacts
 
 from reference import rel_max_err
 from test_c_example import compile_cpp_example
@@ -55,12 +54,6 @@ def test_cpp_forward_matches_python_api(tiny_build, tmp_path, l2norm, with_h0):
                                                  cu_seqlens=cu, use_qk_l2norm_in_kernel=l2norm,
                                                  artifacts=str(tiny_build.out))
     torch.cuda.synchronize()
-    # the BV the Python API chose for this batch
-    s = Artifacts.for_device(0, root=tiny_build.out)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    BV = s.pick("gdn_scan", dtype="bf16", K=K, V=V, varlen=True, transpose=False,
-                BV=s.choose_BV("gdn_scan", n * HV, sms)).axes["BV"]
-
     inputs, out = tmp_path / "in", tmp_path / "out"
     inputs.mkdir()
     out.mkdir()
@@ -68,7 +61,7 @@ def test_cpp_forward_matches_python_api(tiny_build, tmp_path, l2norm, with_h0):
         if x is not None:
             _raw(x, inputs / f"{name}.bin")
     cmd = [str(exe), str(tiny_build.out / arch), "--lens", ",".join(map(str, lens)), "--heads", f"{H},{HV}",
-           "--bv", str(BV), "--inputs", str(inputs), "--out", str(out),
+           "--inputs", str(inputs), "--out", str(out),
            *([] if l2norm else ["--no-l2norm"]), *([] if with_h0 else ["--no-h0"])]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stdout}{r.stderr}"

@@ -1,7 +1,7 @@
 """The forward on a real GPU (the H200: sm_90a artifacts built on the CPU machine), against the fp64 token
 recurrence (small cases, CPU) or the fp32 chunked reference (large cases, GPU), and against fla when installed.
 
-fla (JIT + autotune, ~10-30 s per new configuration) is compared on the fixed-configuration cases only
+fla (JIT + autotune, seconds per new configuration) is compared on the fixed-configuration cases only
 (single lengths, varlen, the Qwen shape). Every check draws fresh random inputs, poisons the outputs with NaN first (so an unwritten element fails),
 and verifies the inputs come back unmodified. Tolerances: max |out - ref| / max |ref| <= TOL[dtype].
 """
@@ -155,20 +155,51 @@ def test_gate_extremes(g_range):
     run_case(f"g in {g_range}", [1000, 37, 300], g_range=g_range)
 
 
-@pytest.mark.parametrize("tier", ["single_wave", "small_batch", "default"])
+@pytest.mark.parametrize("shape_class", ["single_wave", "small_batch", "default"])
 @pytest.mark.parametrize("transpose", [False, True])
-def test_every_scan_tier(tier, transpose, monkeypatch):
-    """The gdn_scan variant of each dispatch tier (on the sm_90a artifacts: warp-specialised, BV 32, BV 128),
-    forced on one odd-length batch: which tier a batch lands in must not change the result."""
+def test_every_dispatch_row(shape_class, transpose, monkeypatch):
+    """The route of each dispatch row of the class (on the sm_90a artifacts: the warp-specialised scan at BV 32
+    and 64, BV 32, BV 128), forced on one odd-length batch: which row a batch lands in must not change the result."""
     from gdn_aot.loader import Artifacts
 
-    fwd = Artifacts.for_device(torch.cuda.current_device()).forward("bf16", K, V, True, transpose)
-    if tier == "single_wave" and not fwd.single_wave:
-        pytest.skip("these artifacts have no single-wave tier")
-    chosen = {"single_wave": fwd.scan_for(1), "small_batch": fwd.scan_small, "default": fwd.scan_large}[tier]
-    monkeypatch.setattr(fwd, "single_wave", [(1 << 30, chosen)])
-    monkeypatch.setattr(fwd, "wave_upto", 1 << 30)
-    run_case(f"{tier} tier ({chosen.key}) transpose={transpose}", [1, 63, 0, 65, 130, 1000], transpose=transpose)
+    routes = Artifacts.for_device(torch.cuda.current_device()).routes("bf16", K, V, True, transpose)
+    routes.load()  # every row's kernels (forcing a row below changes only which one a batch gets)
+    chosen = [r for r in routes.routes if r.row["class"] == shape_class]
+    if not chosen:
+        pytest.skip(f"these artifacts have no {shape_class} row")
+    for route in chosen:
+        monkeypatch.setattr(routes, "tiers", ((float("inf"), route),))
+        run_case(f"{shape_class} row ({route}) transpose={transpose}", [1, 63, 0, 65, 130, 1000],
+                 transpose=transpose)
+
+
+def test_converted_inputs_give_the_same_result():
+    """Non-contiguous q, k, v, g, beta and a bf16 initial state are converted once (docs/integration.md): the
+    result equals, bit for bit, the call on the converted tensors; the new final state is fp32."""
+    import gdn_aot
+
+    q, k, v, g, beta, cu = make_inputs([70, 1, 130], 2, 4, torch.bfloat16)
+    h0 = torch.randn(3, 4, K, V, device="cuda").to(torch.bfloat16)
+    strided = [x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v, g, beta)]
+    assert not any(x.is_contiguous() for x in strided)
+    o1, ht1 = gdn_aot.chunk_gated_delta_rule(*strided, initial_state=h0.transpose(2, 3).contiguous().transpose(2, 3),
+                                             output_final_state=True, cu_seqlens=cu, use_qk_l2norm_in_kernel=True)
+    o2, ht2 = gdn_aot.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0.float(), output_final_state=True,
+                                             cu_seqlens=cu, use_qk_l2norm_in_kernel=True)
+    torch.cuda.synchronize()
+    assert ht1.dtype == torch.float32 and o1.is_contiguous()
+    assert torch.equal(o1, o2) and torch.equal(ht1, ht2)
+
+
+def test_grad_mode_is_refused_on_gpu():
+    import gdn_aot
+
+    q, k, v, g, beta, cu = make_inputs([70], 2, 4, torch.bfloat16)
+    with pytest.raises(RuntimeError, match="forward-only"):
+        gdn_aot.chunk_gated_delta_rule(q.requires_grad_(), k, v, g, beta, cu_seqlens=cu)
+    with torch.no_grad():
+        o, _ = gdn_aot.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu)
+    assert not o.requires_grad
 
 
 def test_qwen_shape_long():

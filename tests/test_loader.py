@@ -15,9 +15,9 @@ from gdn_aot.loader import (
     Artifacts, ArtifactsNotFound, CorruptArtifact, DriverError, Launcher, Manifest, UnsupportedDevice,
     VariantNotBuilt, arch_for_capability, find_root,
 )
-from gdn_aot.kernels import KERNELS, PREPARE_L2NORM
+from gdn_aot.kernels import PREPARE_L2NORM
+from gdn_aot.loader import dispatch
 from gdn_aot.loader.artifacts import LAUNCHER_ABI_VERSION
-from gdn_aot.loader.runtime import Forward
 
 from conftest import run_cli
 
@@ -49,7 +49,7 @@ def test_pick(tiny_build):
     s = Artifacts.for_device(0, capability=(9, 0), root=tiny_build.out)
     tiny_build.require("sm_90a", "gdn_scan")
     (prep_key,) = tiny_build.require("sm_90a", "gdn_prepare")
-    default_bv = s.dispatch("gdn_scan")["default_BV"]
+    default_bv = s.preferences("gdn_scan")["default_BV"]
     k = s.pick("gdn_scan", dtype="bf16", varlen=True, transpose=True)
     assert k.key.startswith("gdn_scan.sm_90a.bf16.") and ".vk." in k.key and k.axes["BV"] == default_bv
     assert s.pick("gdn_scan", dtype="bf16", varlen=True, transpose=True) is k  # cached per axes
@@ -69,33 +69,34 @@ def test_pick(tiny_build):
         s.pick("gdn_prepare", dtype="bf16", varlen=False)
 
 
-def test_choose_bv(tiny_build):
-    s = Artifacts.for_device(0, capability=(9, 0), root=tiny_build.out)
-    assert s.choose_BV("gdn_scan", programs=4, sm_count=132) == s.dispatch("gdn_scan")["default_BV"]  # tiny.yaml
-    s.manifest.dispatch = {"gdn_scan": {"default_BV": 128, "small_batch_BV": 64, "small_batch_factor": 2}}
-    assert s.choose_BV("gdn_scan", programs=32, sm_count=132) == 64
-    assert s.choose_BV("gdn_scan", programs=1024, sm_count=132) == 128
-    s.manifest.dispatch["gdn_scan"]["small_batch_factor"] = 0.5  # specs/qwen35.yaml's sm_90a rule: SMs / 2
-    assert s.choose_BV("gdn_scan", programs=65, sm_count=132) == 64
-    assert s.choose_BV("gdn_scan", programs=66, sm_count=132) == 128
-    assert s.choose_BV("gdn_prepare", programs=1, sm_count=132) is None
-
-
 def test_single_wave_tier(tiny_build):
     """specs/tiny.yaml's sm_90a rule (single_wave_warps: 16, BV 64 built): the warp-specialised variant takes the
     batches whose num_seqs * HV * V / BV programs fit one an SM, the default variant the rest; sm_100a has no
     such rule."""
     s = Artifacts.for_device(0, capability=(9, 0), root=tiny_build.out)
-    fwd = s.forward("bf16", 128, 128, True, False, sm_count=132)
-    ((upto, ws),) = fwd.single_wave
-    assert upto == 66 and ws.axes["BV"] == 64 and ws.entry["num_warps"] == 16 and ".w16s1" in ws.key
-    assert fwd.scan_for(1) is fwd.scan_for(66) is ws
-    assert fwd.scan_for(67) is fwd.scan_large and fwd.scan_large.entry["num_warps"] == 4
-    assert fwd.scan_for(20) is not s.forward("bf16", 128, 128, True, True, sm_count=132).scan_for(20)  # layouts
-    assert Forward(s, "bf16", 128, 128, True, False, sm_count=16).scan_for(9) is fwd.scan_large  # 9 * 2 > 16
+    routes = s.routes("bf16", 128, 128, True, False, sm_count=132)
+    ws = routes.select(1)
+    assert [most for most, _ in routes.tiers] == [66, float("inf")]
+    assert ws.kernels["gdn_scan"].axes["BV"] == 64 and ws.kernels["gdn_scan"].entry["num_warps"] == 16
+    assert ".w16s1" in ws.kernels["gdn_scan"].key and ws.row["class"] == "single_wave"
+    assert routes.select(66) is ws and routes.select(0) is ws
+    default = routes.select(67)
+    assert default.row["class"] == "default" and default.kernels["gdn_scan"].entry["num_warps"] == 4
+    assert default.kernels["gdn_prepare"] is ws.kernels["gdn_prepare"]
+    other = s.routes("bf16", 128, 128, True, True, sm_count=132)  # the other state layout: its own variants
+    assert other.select(20).kernels["gdn_scan"] is not ws.kernels["gdn_scan"]
+    assert s.routes("bf16", 128, 128, True, False, sm_count=16) is routes  # made once per configuration
+    assert dispatch.select(s.table, "bf16", 128, 128, True, False, 9, 16)["class"] == "default"  # 9 * 2 > 16
     assert s.pick("gdn_scan", dtype="bf16", varlen=True).entry["num_warps"] == 4  # plain picks: fewest warps
     b = Artifacts.for_device(0, capability=(10, 0), root=tiny_build.out)
-    assert b.forward("bf16", 128, 128, True, False, sm_count=148).single_wave == []
+    assert [r.row["class"] for r in b.routes("bf16", 128, 128, True, False, sm_count=148).routes] == ["default"]
+
+
+def test_routes_of_an_unbuilt_configuration(tiny_build):
+    s = Artifacts.for_device(0, capability=(9, 0), root=tiny_build.out)
+    with pytest.raises(VariantNotBuilt, match="dtype=fp16.*no dispatch row"):
+        s.routes("fp16", 128, 128, True, False, sm_count=132)
+    assert s.head_dims == {(128, 128)}
 
 
 def test_variant_not_built_says_what_exists_and_how_to_build(tiny_build):
@@ -189,12 +190,13 @@ def test_launcher_library_opens_without_a_driver(tiny_build, arch):
     lib = Launcher.open(Manifest(tiny_build.out, arch).verify_launcher())
     assert lib.lib.gdn_aot_abi_version() == LAUNCHER_ABI_VERSION
     assert lib.error_string(0) == "no error"
-    for kernel in KERNELS:
+    for kernel in tiny_build.manifest(arch)["kernels"]:
         assert hasattr(lib.lib, f"gdn_aot_launch_{kernel}")
     assert not hasattr(lib.lib, "gdn_aot_launch_gdn_l2norm")  # fused away in launcher ABI 2
-    for fn in ("gdn_aot_forward", "gdn_aot_forward_plan", "gdn_aot_forward_workspace_bytes"):  # added in ABI 3
+    for fn in ("gdn_aot_forward", "gdn_aot_forward_plan", "gdn_aot_forward_workspace_bytes",  # added in ABI 3
+               "gdn_aot_select", "gdn_aot_dispatch_rows"):  # added in ABI 4
         assert hasattr(lib.lib, fn)
-    assert lib.forward is not None
+    assert lib.gdn_aot_forward is not None
     assert lib.path.name == f"libgdn_aot_launch.so.{LAUNCHER_ABI_VERSION}"
     if not os.path.exists("/dev/nvidiactl"):
         with pytest.raises(DriverError, match="gdn_aot_init failed"):
@@ -307,3 +309,22 @@ def test_modules_are_per_device_and_created_once_under_threads(tiny_build):
     by_device = {h.device_index: h for h in handles}
     assert set(by_device) == {0, 1} and by_device[0] is not by_device[1]
     assert all(h is by_device[h.device_index] for h in handles)
+
+
+def test_route_packs_its_half_of_the_arguments(tiny_build, monkeypatch):
+    """Route.load packs the route's fields of gdn_aot_forward_args_t once: the route id, its kernels' handles (the
+    other families' 0), K, V, BT, BV and the element size, read back here by the declared names."""
+    from gdn_aot.loader.abi import ROUTE_ARGS, ROUTE_FIELDS, ROUTES
+    from gdn_aot.loader.kernel import Kernel
+
+    def fake_load(self):
+        self.handle = 1000 + len(self.key)
+
+    monkeypatch.setattr(Kernel, "load", fake_load)
+    s = Artifacts.for_device(0, capability=(9, 0), root=tiny_build.out)
+    for route in s.routes("bf16", 128, 128, True, True, sm_count=132).routes:
+        route.load()
+        got = dict(zip([f.name for f in ROUTE_FIELDS], ROUTE_ARGS.unpack(route.prefix)))
+        prep, scan = route.kernels["gdn_prepare"], route.kernels["gdn_scan"]
+        assert got == dict(route=ROUTES["prepare_scan"].id, prepare=prep.handle, scan=scan.handle, fused=0, K=128,
+                           V=128, BT=64, BV=scan.BV, elt=2)

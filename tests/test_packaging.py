@@ -20,6 +20,7 @@ def test_wheel_layout(project_wheel):
                  "gdn_aot/kernels/scan_sm90.py", "gdn_aot/kernels/scan_sm100.py", "gdn_aot/build/cli.py",
                  "gdn_aot/build/package.py", "gdn_aot/build/templates/gdn_aot_launch.h.j2",
                  "gdn_aot/build/templates/gdn_aot_launch.c.j2", "gdn_aot/loader/runtime.py",
+                 "gdn_aot/loader/abi.py", "gdn_aot/loader/dispatch.py", "gdn_aot/build/params.py",
                  "gdn_aot/specs/qwen35.yaml", "gdn_aot/specs/tiny.yaml"):
         assert need in names, need
     assert not any("_root.py" in n or "__pycache__" in n or n.startswith("gdn_aot/artifacts/") for n in names)

@@ -63,6 +63,12 @@ def spec_error(tmp_path, text) -> SpecError:
      "dispatch.sm_90a.gdn_scan.small_batch_factor", "two"),
     (BASE + "dispatch: {sm_90a: {gdn_scan: {single_wave_warps: 16}}}\n",  # BASE builds 4 warps only
      "dispatch.sm_90a.gdn_scan.single_wave_warps", "16"),
+    (BASE + "  gdn_fused: {dtype: bf16}\ndispatch: {sm_90a: {gdn_fused: {classes: [tiny]}}}\n",
+     "dispatch.sm_90a.gdn_fused.classes", "tiny"),
+    (BASE + "  gdn_fused: {dtype: bf16}\ndispatch: {sm_90a: {gdn_fused: {default_BV: 128}}}\n",
+     "dispatch.sm_90a.gdn_fused.default_BV", "default_BV"),
+    (BASE + "dispatch: {sm_90a: {gdn_scan: {classes: [default]}}}\n", "dispatch.sm_90a.gdn_scan.classes",
+     "classes"),
 ])
 def test_error_names_file_key_and_value(tmp_path, text, keypath, value):
     e = spec_error(tmp_path, text)
@@ -118,7 +124,7 @@ def test_shipped_specs_enumerate():
     per_arch = {"sm_90a": {"gdn_prepare": 4, "gdn_scan": 32}, "sm_100a": {"gdn_prepare": 4, "gdn_scan": 16}}
     for arch, counts in per_arch.items():
         vs = q.for_arch(arch)
-        assert {v.kernel for v in vs} == set(counts) == set(KERNELS)  # no gdn_l2norm: fused into both
+        assert {v.kernel for v in vs} == set(counts)  # no gdn_l2norm: fused into both
         assert {k: sum(v.kernel == k for v in vs) for k in counts} == counts
         assert all(v.K == 128 and v.V == 128 and v.num_warps in (4, 8, 16) for v in vs)
     assert {(v.BV, v.num_warps) for v in q.for_arch("sm_90a") if v.kernel == "gdn_scan"} == {
@@ -130,7 +136,7 @@ def test_shipped_specs_enumerate():
     assert len(ws) == 8
     t = load_spec("tiny")  # a shipped spec by name
     assert len(t.variants) == 8
-    assert {v.kernel for v in t.variants} == set(KERNELS)
+    assert {v.kernel for v in t.variants} == {"gdn_prepare", "gdn_scan"}
     assert sorted(v.transpose for v in t.for_arch("sm_90a") if v.kernel == "gdn_scan") == [False, False, True, True]
     assert {v.dtype for v in t.variants} == {"bf16"}
     prep = [v for v in q.variants if v.kernel == "gdn_prepare"]  # BV and transpose unused: their defaults
@@ -163,3 +169,16 @@ def test_resolve_arches():
         resolve_arches("sm_100", ("sm_90a",), "x.yaml")
     with pytest.raises(SpecError, match="unknown arch"):
         resolve_arches("sm_80", both)
+
+
+def test_fused_routing(tmp_path):
+    """gdn_fused takes named shape classes (docs/spec-format.md); its variants are the fused kernel's axes."""
+    s = load_spec(write(tmp_path, BASE + "  gdn_prepare: {dtype: [bf16, fp16], varlen: [true, false]}\n"
+                        "  gdn_fused: {dtype: bf16, varlen: true, launch: {sm_90a: {num_warps: 16}}}\n"
+                        "dispatch:\n  sm_90a:\n    gdn_scan: {default_BV: 128}\n"
+                        "    gdn_fused: {classes: [small_batch, default]}\n"))
+    assert s.dispatch["sm_90a"]["gdn_fused"] == {"classes": ["small_batch", "default"]}
+    fused = [v for v in s.variants if v.kernel == "gdn_fused"]
+    assert {(v.arch, v.num_warps, v.BV) for v in fused} == {("sm_90a", 16, 128), ("sm_100a", 4, 128)}
+    assert KERNELS["gdn_fused"].compile_options(fused[0]) == {"num_warps": 8, "num_stages": 1, "maxnreg": 128}
+    assert KERNELS["gdn_fused"].constexprs(fused[0])["num_warps"] == 8

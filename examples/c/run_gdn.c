@@ -137,13 +137,118 @@ static float noise(uint32_t *s) {
     return (float)(*s >> 8) / 8388608.0f - 1.0f;
 }
 
+/* The batch: host inputs, device buffers (q, k, v, g, beta, cu_seqlens in; w, u, gam, qg, kg out) and results. */
+typedef struct {
+    int cu[NSEQ + 1], rows;
+    size_t nqk, nv, ng;
+    uint16_t *hq, *hk, *hv;
+    float *hg, *hb, *gam, *qg, *kg;
+    CUdeviceptr q, k, v, g, beta, cu_dev, w, u, gam_dev, qg_dev, kg_dev, scratch;
+} batch_t;
+
+/* host inputs: q, k [rows, H, K] and v [rows, HV, V] bf16; g (<= 0), beta [rows, HV] fp32 */
+static void make_inputs(batch_t *b) {
+    const int lens[NSEQ] = {70, 1, 130};
+    uint32_t seed = 12345;
+    b->cu[0] = 0;
+    for (int s = 0; s < NSEQ; s++) b->cu[s + 1] = b->cu[s] + lens[s];
+    b->rows = b->cu[NSEQ];
+    b->nqk = (size_t)b->rows * H * KD, b->nv = (size_t)b->rows * HV * VD, b->ng = (size_t)b->rows * HV;
+    b->hq = malloc(b->nqk * 2), b->hk = malloc(b->nqk * 2), b->hv = malloc(b->nv * 2);
+    b->hg = malloc(b->ng * 4), b->hb = malloc(b->ng * 4);
+    b->gam = malloc(b->ng * 4), b->qg = malloc(b->ng * 4), b->kg = malloc(b->ng * 4);
+    for (size_t i = 0; i < b->nqk; i++) b->hq[i] = to_bf16(noise(&seed));
+    for (size_t i = 0; i < b->nqk; i++) b->hk[i] = to_bf16(noise(&seed));
+    for (size_t i = 0; i < b->nv; i++) b->hv[i] = to_bf16(noise(&seed));
+    for (size_t i = 0; i < b->ng; i++) b->hg[i] = -0.5f * (noise(&seed) + 1.0f);
+    for (size_t i = 0; i < b->ng; i++) b->hb[i] = 0.5f * (noise(&seed) + 1.0f);
+}
+
+/* device buffers, inputs copied in */
+static int upload(const gdn_aot_driver_t *d, batch_t *b) {
+    CHECK(d->MemAlloc(&b->q, b->nqk * 2));
+    CHECK(d->MemAlloc(&b->k, b->nqk * 2));
+    CHECK(d->MemAlloc(&b->v, b->nv * 2));
+    CHECK(d->MemAlloc(&b->g, b->ng * 4));
+    CHECK(d->MemAlloc(&b->beta, b->ng * 4));
+    CHECK(d->MemAlloc(&b->cu_dev, sizeof b->cu));
+    CHECK(d->MemAlloc(&b->w, (size_t)b->rows * HV * KD * 2));
+    CHECK(d->MemAlloc(&b->u, b->nv * 2));
+    CHECK(d->MemAlloc(&b->gam_dev, b->ng * 4));
+    CHECK(d->MemAlloc(&b->qg_dev, b->ng * 4));
+    CHECK(d->MemAlloc(&b->kg_dev, b->ng * 4));
+    CHECK(d->MemcpyHtoD(b->q, b->hq, b->nqk * 2));
+    CHECK(d->MemcpyHtoD(b->k, b->hk, b->nqk * 2));
+    CHECK(d->MemcpyHtoD(b->v, b->hv, b->nv * 2));
+    CHECK(d->MemcpyHtoD(b->g, b->hg, b->ng * 4));
+    CHECK(d->MemcpyHtoD(b->beta, b->hb, b->ng * 4));
+    CHECK(d->MemcpyHtoD(b->cu_dev, b->cu, sizeof b->cu));
+    return 0;
+}
+
+/* One gdn_prepare launch. Varlen grid: one program per (64-token chunk slot, key head), serving that key head's
+ * HV / H value heads; rows / 64 + N slots bound the chunks. */
+static int launch_and_download(const gdn_aot_driver_t *d, const gdn_aot_kernel_t *kern, batch_t *b) {
+    unsigned gx = (unsigned)(b->rows / 64 + NSEQ), gy = H, gz = 1;
+    if (kern->scratch_size) CHECK(d->MemAlloc(&b->scratch, (size_t)kern->scratch_size * gx * gy * gz));
+    CHECK(gdn_aot_launch_gdn_prepare(kern, NULL, gx, gy, gz, b->q, b->k, b->v, b->g, b->beta, b->cu_dev, b->w, b->u,
+                                     b->gam_dev, b->qg_dev, b->kg_dev, b->rows /* T = rows (varlen) */, NSEQ, H, HV,
+                                     GDN_AOT_PREPARE_L2NORM, b->scratch));
+    CHECK(d->CtxSynchronize());
+    CHECK(d->MemcpyDtoH(b->gam, b->gam_dev, b->ng * 4));
+    CHECK(d->MemcpyDtoH(b->qg, b->qg_dev, b->ng * 4));
+    CHECK(d->MemcpyDtoH(b->kg, b->kg_dev, b->ng * 4));
+    return 0;
+}
+
+/* gam on the host (chunks restart at every sequence start) into ref; returns the worst relative error of gam */
+static double check_gam(const batch_t *b, double *ref) {
+    double worst = 0;
+    for (int s = 0; s < NSEQ; s++)
+        for (int h = 0; h < HV; h++) {
+            double acc = 0;
+            for (int t = b->cu[s]; t < b->cu[s + 1]; t++) {
+                if ((t - b->cu[s]) % 64 == 0) acc = 0;
+                acc += b->hg[(size_t)t * HV + h];
+                ref[(size_t)t * HV + h] = acc;
+                double e = fabs(b->gam[(size_t)t * HV + h] - acc) / (1.0 + fabs(acc));
+                if (e > worst || isnan(e)) worst = e;
+            }
+        }
+    return worst;
+}
+
+/* qg = gam + ln rq, kg = gam - ln rk, rq and rk from the bf16 rows of the value head's key head; worst error */
+static double check_qk(const batch_t *b, const double *ref_gam) {
+    double worst = 0;
+    for (int t = 0; t < b->rows; t++)
+        for (int h = 0; h < HV; h++) {
+            const uint16_t *src[2] = {b->hq, b->hk};
+            const float *got[2] = {b->qg, b->kg};
+            for (int which = 0; which < 2; which++) {
+                const uint16_t *x = src[which] + ((size_t)t * H + h / (HV / H)) * KD;
+                double ss = 0;
+                for (int c = 0; c < KD; c++) ss += (double)from_bf16(x[c]) * from_bf16(x[c]);
+                double ln_r = -0.5 * log(ss + 1e-6), base = ref_gam[(size_t)t * HV + h];
+                double want = which == 0 ? base + ln_r : base - ln_r;
+                double e = fabs(got[which][(size_t)t * HV + h] - want) / (1.0 + fabs(want));
+                if (e > worst || isnan(e)) worst = e;
+            }
+        }
+    return worst;
+}
+
+static void release(const gdn_aot_driver_t *d, batch_t *b) {
+    CUdeviceptr bufs[] = {b->q, b->k, b->v, b->g, b->beta, b->cu_dev, b->w, b->u, b->gam_dev, b->qg_dev, b->kg_dev,
+                          b->scratch};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) d->MemFree(bufs[i]);
+    void *host[] = {b->hq, b->hk, b->hv, b->hg, b->hb, b->gam, b->qg, b->kg};
+    for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
+}
+
 int main(int argc, char **argv) {
     const char *dir = argc > 1 ? argv[1] : "artifacts/sm_90a";
-    const int lens[NSEQ] = {70, 1, 130};
-    int cu[NSEQ + 1] = {0};
-    for (int s = 0; s < NSEQ; s++) cu[s + 1] = cu[s] + lens[s];
-    const int rows = cu[NSEQ];
-
     tsv_row_t row;
     char path[1024];
     if (find_row(dir, "gdn_prepare", "bf16", 1, &row)) return 1;
@@ -153,7 +258,6 @@ int main(int argc, char **argv) {
         perror(path);
         return 1;
     }
-
     CHECK(gdn_aot_init());
     const gdn_aot_driver_t *d = gdn_aot_driver();
     CUdevice dev;
@@ -161,91 +265,22 @@ int main(int argc, char **argv) {
     CHECK(d->DeviceGet(&dev, 0));
     CHECK(d->DevicePrimaryCtxRetain(&ctx, dev));
     CHECK(d->CtxSetCurrent(ctx));
-
     gdn_aot_kernel_t kern;
     CHECK(gdn_aot_kernel_load(&kern, image, row.entry, row.num_warps, row.shared, row.scratch_size));
 
-    /* host inputs: q, k [rows, H, K] and v [rows, HV, V] bf16; g (<= 0), beta [rows, HV] fp32 */
-    size_t nqk = (size_t)rows * H * KD, nv = (size_t)rows * HV * VD, ng = (size_t)rows * HV;
-    uint16_t *hq = malloc(nqk * 2), *hk = malloc(nqk * 2), *hv = malloc(nv * 2);
-    float *hg = malloc(ng * 4), *hb = malloc(ng * 4), *gam = malloc(ng * 4), *qg = malloc(ng * 4),
-          *kg = malloc(ng * 4);
-    double *ref_gam = malloc(ng * sizeof(double));
-    uint32_t seed = 12345;
-    for (size_t i = 0; i < nqk; i++) hq[i] = to_bf16(noise(&seed));
-    for (size_t i = 0; i < nqk; i++) hk[i] = to_bf16(noise(&seed));
-    for (size_t i = 0; i < nv; i++) hv[i] = to_bf16(noise(&seed));
-    for (size_t i = 0; i < ng; i++) hg[i] = -0.5f * (noise(&seed) + 1.0f);
-    for (size_t i = 0; i < ng; i++) hb[i] = 0.5f * (noise(&seed) + 1.0f);
-
-    CUdeviceptr q, k, v, g, beta, dcu, w, u, dgam, dqg, dkg, scratch = 0;
-    CHECK(d->MemAlloc(&q, nqk * 2));
-    CHECK(d->MemAlloc(&k, nqk * 2));
-    CHECK(d->MemAlloc(&v, nv * 2));
-    CHECK(d->MemAlloc(&g, ng * 4));
-    CHECK(d->MemAlloc(&beta, ng * 4));
-    CHECK(d->MemAlloc(&dcu, sizeof cu));
-    CHECK(d->MemAlloc(&w, (size_t)rows * HV * KD * 2));
-    CHECK(d->MemAlloc(&u, nv * 2));
-    CHECK(d->MemAlloc(&dgam, ng * 4));
-    CHECK(d->MemAlloc(&dqg, ng * 4));
-    CHECK(d->MemAlloc(&dkg, ng * 4));
-    CHECK(d->MemcpyHtoD(q, hq, nqk * 2));
-    CHECK(d->MemcpyHtoD(k, hk, nqk * 2));
-    CHECK(d->MemcpyHtoD(v, hv, nv * 2));
-    CHECK(d->MemcpyHtoD(g, hg, ng * 4));
-    CHECK(d->MemcpyHtoD(beta, hb, ng * 4));
-    CHECK(d->MemcpyHtoD(dcu, cu, sizeof cu));
-
-    /* varlen grid: one program per (64-token chunk slot, key head), serving that key head's HV / H value heads;
-     * rows / 64 + N slots bound the chunks */
-    unsigned gx = (unsigned)(rows / 64 + NSEQ), gy = H, gz = 1;
-    if (kern.scratch_size) CHECK(d->MemAlloc(&scratch, (size_t)kern.scratch_size * gx * gy * gz));
-    CHECK(gdn_aot_launch_gdn_prepare(&kern, NULL, gx, gy, gz, q, k, v, g, beta, dcu, w, u, dgam, dqg, dkg,
-                                     rows /* T = rows (varlen) */, NSEQ, H, HV, GDN_AOT_PREPARE_L2NORM, scratch));
-    CHECK(d->CtxSynchronize());
-    CHECK(d->MemcpyDtoH(gam, dgam, ng * 4));
-    CHECK(d->MemcpyDtoH(qg, dqg, ng * 4));
-    CHECK(d->MemcpyDtoH(kg, dkg, ng * 4));
-
-    /* gam on the host: chunks restart at every sequence start */
-    double worst_gam = 0, worst_qk = 0;
-    for (int s = 0; s < NSEQ; s++)
-        for (int h = 0; h < HV; h++) {
-            double acc = 0;
-            for (int t = cu[s]; t < cu[s + 1]; t++) {
-                if ((t - cu[s]) % 64 == 0) acc = 0;
-                acc += hg[(size_t)t * HV + h];
-                ref_gam[(size_t)t * HV + h] = acc;
-                double e = fabs(gam[(size_t)t * HV + h] - acc) / (1.0 + fabs(acc));
-                if (e > worst_gam || isnan(e)) worst_gam = e;
-            }
-        }
-    /* qg = gam + ln rq, kg = gam - ln rk, rq and rk from the bf16 rows of the value head's key head */
-    for (int t = 0; t < rows; t++)
-        for (int h = 0; h < HV; h++) {
-            const uint16_t *src[2] = {hq, hk};
-            const float *got[2] = {qg, kg};
-            for (int which = 0; which < 2; which++) {
-                const uint16_t *x = src[which] + ((size_t)t * H + h / (HV / H)) * KD;
-                double ss = 0;
-                for (int c = 0; c < KD; c++) ss += (double)from_bf16(x[c]) * from_bf16(x[c]);
-                double ln_r = -0.5 * log(ss + 1e-6), base = ref_gam[(size_t)t * HV + h];
-                double want = which == 0 ? base + ln_r : base - ln_r;
-                double e = fabs(got[which][(size_t)t * HV + h] - want) / (1.0 + fabs(want));
-                if (e > worst_qk || isnan(e)) worst_qk = e;
-            }
-        }
-    printf("%s: %d rows in %d sequences, worst gam error %.3g, worst qg / kg error %.3g\n", row.key, rows, NSEQ,
+    batch_t b = {0};
+    make_inputs(&b);
+    if (upload(d, &b) || launch_and_download(d, &kern, &b)) return 1;
+    double *ref_gam = malloc(b.ng * sizeof(double));
+    double worst_gam = check_gam(&b, ref_gam), worst_qk = check_qk(&b, ref_gam);
+    printf("%s: %d rows in %d sequences, worst gam error %.3g, worst qg / kg error %.3g\n", row.key, b.rows, NSEQ,
            worst_gam, worst_qk);
 
     CHECK(gdn_aot_kernel_unload(&kern));
-    CUdeviceptr bufs[] = {q, k, v, g, beta, dcu, w, u, dgam, dqg, dkg, scratch};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
-        if (bufs[i]) d->MemFree(bufs[i]);
+    release(d, &b);
     d->DevicePrimaryCtxRelease(dev);
-    void *host[] = {hq, hk, hv, hg, hb, gam, qg, kg, ref_gam, image};
-    for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
+    free(ref_gam);
+    free(image);
     if (!(worst_gam <= 1e-4) || !(worst_qk <= 1e-3)) {
         fprintf(stderr, "FAILED: gam, qg or kg do not match the host computation\n");
         return 1;

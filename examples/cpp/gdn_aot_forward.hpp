@@ -1,15 +1,17 @@
 // gdn_aot_forward.hpp: the gdn-aot forward from C++ on raw device pointers (header-only, C++17).
 //
-// Reads an artifact directory (ARTIFACTS/<arch>: kernels.tsv, cubins/, launcher/), picks the gdn_prepare and
-// gdn_scan variants, loads them through the generated launcher (gdn_aot_launch.h, libgdn_aot_launch.so.<ABI>)
-// and runs the forward gdn_aot.chunk_gated_delta_rule runs: the launcher's gdn_aot_forward (both launches, the
-// grids and the workspace layout computed in C), with the same arguments and flags.
-// Needs only libcuda at run time, and only through the launcher (it dlopens libcuda.so.1).
+// Reads an artifact directory (ARTIFACTS/<arch>: kernels.tsv, cubins/, launcher/), asks the launcher's dispatch
+// table (gdn_aot_select: the same table, built by `gdn-aot build`, that gdn_aot.chunk_gated_delta_rule reads from
+// the manifest) which route and variants serve a batch, loads them through the generated launcher
+// (gdn_aot_launch.h, libgdn_aot_launch.so.<ABI>) and runs the forward the Python API runs: the launcher's
+// gdn_aot_forward (the route's launches, the grids and the workspace layout computed in C), with the same
+// arguments and options. Needs only libcuda at run time, and only through the launcher (it dlopens libcuda.so.1).
 //
 //   gdn_aot::ArtifactDir dir("artifacts/sm_90a");
-//   gdn_aot::Forward fwd(dir, "bf16", /*K=*/128, /*V=*/128, /*varlen=*/true, /*transpose=*/false, /*BV=*/64);
-//                                                       // (loads both kernels into the current context)
 //   gdn_aot::Shape shape = gdn_aot::Shape::packed(rows, num_seqs, H, HV, 128, 128);
+//   gdn_aot::Selection sel = gdn_aot::Selection::select(dir, {"bf16", 128, 128, /*varlen=*/true,
+//                                                             /*transpose=*/false}, shape.programs(), sm_count);
+//   gdn_aot::Forward fwd(dir, sel);                     // loads the route's kernels into the current context
 //   size_t bytes = fwd.workspace_bytes(shape);          // allocate once, reuse for calls of that size
 //   CUresult r = gdn_aot::gdn_forward(fwd, shape, tensors, options, workspace, bytes, stream);
 //
@@ -18,7 +20,7 @@
 //   cu_seqlens [N + 1] int32 (varlen; 0 for fixed-length batches); h0 / ht fp32 [N, HV, K, V] ([N, HV, V, K]
 //   with transpose) or 0; state_indices [N] int32 or 0 (h0 is then a state pool [slots, HV, ...], sequence n
 //   reads slot state_indices[n], -1 = zero state; pass ht = h0 to update the pool in place).
-// The workspace (w, u, gam, qg, kg and the kernels' global scratch) holds nothing between calls.
+// The workspace (the route's regions and the kernels' global scratch) holds nothing between calls.
 // Loaded kernels belong to the context current when the Forward was made: make it current before gdn_forward.
 #pragma once
 
@@ -29,10 +31,10 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <stdexcept>
 #include <string>
-#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -98,30 +100,11 @@ class ArtifactDir {
     const std::string &dir() const { return dir_; }
     const std::vector<Variant> &variants() const { return variants_; }
 
-    // The variant gdn_aot.loader's ArtifactSet.pick returns for these axes when `BV` is built: among the matches,
-    // the fewest warps, then the smallest key. transpose / BV < 0 match anything (gdn_prepare uses neither).
-    const Variant &pick(const std::string &kernel, const std::string &dtype, int K, int V, bool varlen,
-                        int transpose = -1, int BV = -1) const {
-        const Variant *best = nullptr;
-        std::vector<std::string> built;
-        for (const Variant &v : variants_) {
-            if (v.kernel != kernel) continue;
-            built.push_back(v.key);
-            if (v.dtype != dtype || v.K != K || v.V != V || v.varlen != varlen) continue;
-            if ((transpose >= 0 && v.transpose != (transpose != 0)) || (BV >= 0 && v.BV != BV)) continue;
-            if (!best || std::tie(v.num_warps, v.key) < std::tie(best->num_warps, best->key)) best = &v;
-        }
-        if (!best) {
-            std::ostringstream msg;
-            msg << kernel << " with dtype=" << dtype << " K=" << K << " V=" << V << " varlen=" << varlen;
-            if (transpose >= 0) msg << " transpose=" << transpose;
-            if (BV >= 0) msg << " BV=" << BV;
-            msg << " is not built in " << dir_ << "; built:";
-            for (const std::string &k : built) msg << ' ' << k;
-            msg << ". Add it to a spec and rebuild (gdn-aot build SPEC).";
-            throw Error(msg.str());
-        }
-        return *best;
+    // The variant of a kernels.tsv key (the dispatch table names variants by key).
+    const Variant &find(const std::string &key) const {
+        for (const Variant &v : variants_)
+            if (v.key == key) return v;
+        throw Error(key + " is not in " + dir_ + "/kernels.tsv (artifacts from another build? rebuild them)");
     }
 
     std::vector<char> read_cubin(const Variant &v) const {
@@ -156,6 +139,14 @@ struct Shape {
         return Shape{B, T, B, H, HV, K, V, false};
     }
     int64_t rows() const { return static_cast<int64_t>(B) * T; }
+    int64_t programs() const { return static_cast<int64_t>(num_seqs) * HV; }  // what the dispatch table reads
+};
+
+// A configuration: the variant axes a forward needs (the dispatch table's key, with the batch's programs).
+struct Config {
+    std::string dtype;
+    int K = 0, V = 0;
+    bool varlen = true, transpose = false;
 };
 
 struct Tensors {
@@ -195,20 +186,9 @@ class Kernel {
     gdn_aot_kernel_t k_{};
 };
 
-// Grids and workspace layout of one call (gdn_aot_forward_plan): prepare_grid, scan_grid, T_arg, the byte offsets
-// w, u, gam, qg, kg, scratch, and workspace_bytes.
+// Grids and workspace layout of one call (gdn_aot_forward_plan): a grid per kernel family, T_arg, the regions'
+// byte offsets, scratch, and workspace_bytes.
 using Plan = gdn_aot_forward_plan_t;
-
-// The arguments of gdn_aot_forward for a shape (tensors, workspace and stream left 0).
-inline gdn_aot_forward_args_t forward_args(const gdn_aot_kernel_t *prepare, const gdn_aot_kernel_t *scan,
-                                           const Variant &scan_variant, const Shape &s) {
-    gdn_aot_forward_args_t a{};
-    a.prepare = prepare, a.scan = scan;
-    a.B = s.B, a.T = s.T, a.num_seqs = s.num_seqs, a.H = s.H, a.HV = s.HV, a.K = s.K, a.V = s.V;
-    a.BT = scan_variant.BT, a.BV = scan_variant.BV, a.elt = 2;
-    a.cu_seqlens = s.varlen ? 1 : 0;  // planning reads only whether it is set
-    return a;
-}
 
 inline Plan plan_of(const gdn_aot_forward_args_t &a) {
     Plan p{};
@@ -216,52 +196,89 @@ inline Plan plan_of(const gdn_aot_forward_args_t &a) {
     return p;
 }
 
-// The gdn_prepare and gdn_scan variants of one forward configuration (nothing loaded: no driver needed).
+// The dispatch row of a batch and its variants (nothing loaded: no driver needed). The row names the variants of
+// its route by family (prepare, scan or fused); the others are left empty.
 struct Selection {
-    Variant prepare, scan;
+    const gdn_aot_dispatch_row_t *row = nullptr;
+    Variant prepare, scan, fused;
 
-    static Selection pick(const ArtifactDir &dir, const std::string &dtype, int K, int V, bool varlen,
-                          bool transpose, int BV) {
-        return Selection{dir.pick("gdn_prepare", dtype, K, V, varlen),
-                         dir.pick("gdn_scan", dtype, K, V, varlen, transpose ? 1 : 0, BV)};
+    static Selection select(const ArtifactDir &dir, const Config &c, int64_t programs, int64_t sm_count) {
+        const gdn_aot_dispatch_row_t *r =
+            gdn_aot_select(c.dtype.c_str(), c.K, c.V, c.varlen, c.transpose, programs, sm_count);
+        if (!r) {
+            std::ostringstream msg;
+            msg << "no dispatch row serves dtype=" << c.dtype << " K=" << c.K << " V=" << c.V << " varlen=" << c.varlen
+                << " transpose=" << c.transpose << " in " << dir.dir() << "; rows:";
+            const gdn_aot_dispatch_row_t *rows = nullptr;
+            for (unsigned i = 0, n = gdn_aot_dispatch_rows(&rows); i < n; i++)
+                msg << " (" << rows[i].dtype << " K=" << rows[i].K << " V=" << rows[i].V << " varlen="
+                    << rows[i].varlen << " transpose=" << rows[i].transpose << ")";
+            msg << ". Add it to a spec and rebuild (gdn-aot build SPEC).";
+            throw Error(msg.str());
+        }
+        Selection s;
+        s.row = r;
+        if (r->prepare) s.prepare = dir.find(r->prepare);
+        if (r->scan) s.scan = dir.find(r->scan);
+        if (r->fused) s.fused = dir.find(r->fused);
+        return s;
+    }
+
+    // The variants of the route, in launch order.
+    std::vector<const Variant *> variants() const {
+        std::vector<const Variant *> out;
+        for (const Variant *v : {&prepare, &scan, &fused})
+            if (!v->key.empty()) out.push_back(v);
+        return out;
+    }
+
+    // The arguments of gdn_aot_forward for a shape, with these kernel handles (tensors, workspace, stream left 0).
+    gdn_aot_forward_args_t args(const Shape &s, const gdn_aot_kernel_t *p, const gdn_aot_kernel_t *k,
+                                const gdn_aot_kernel_t *f) const {
+        gdn_aot_forward_args_t a{};
+        a.route = row->route, a.prepare = p, a.scan = k, a.fused = f;
+        a.B = s.B, a.T = s.T, a.num_seqs = s.num_seqs, a.H = s.H, a.HV = s.HV, a.K = s.K, a.V = s.V;
+        a.BT = variants().front()->BT, a.BV = scan.key.empty() ? 0 : scan.BV, a.elt = 2;
+        a.cu_seqlens = s.varlen ? 1 : 0;  // planning reads only whether it is set
+        return a;
     }
 
     // The plan of a call of this shape (the launcher computes it; no GPU needed)
     Plan plan(const Shape &s) const {
-        const gdn_aot_kernel_t p = Kernel::unloaded(prepare), k = Kernel::unloaded(scan);
-        return plan_of(forward_args(&p, &k, scan, s));
+        const gdn_aot_kernel_t p = Kernel::unloaded(prepare), k = Kernel::unloaded(scan), f = Kernel::unloaded(fused);
+        return plan_of(args(s, prepare.key.empty() ? nullptr : &p, scan.key.empty() ? nullptr : &k,
+                            fused.key.empty() ? nullptr : &f));
     }
 };
 
 // A Selection loaded into the context current at construction (unloaded on destruction).
 class Forward {
   public:
-    Forward(const ArtifactDir &dir, const Selection &sel)
-        : sel_(sel), prepare_(dir, sel.prepare), scan_(dir, sel.scan) {}
-    Forward(const ArtifactDir &dir, const std::string &dtype, int K, int V, bool varlen, bool transpose, int BV)
-        : Forward(dir, Selection::pick(dir, dtype, K, V, varlen, transpose, BV)) {}
+    Forward(const ArtifactDir &dir, const Selection &sel) : sel_(sel) {
+        if (!sel.prepare.key.empty()) prepare_.reset(new Kernel(dir, sel.prepare));
+        if (!sel.scan.key.empty()) scan_.reset(new Kernel(dir, sel.scan));
+        if (!sel.fused.key.empty()) fused_.reset(new Kernel(dir, sel.fused));
+    }
 
     const Selection &selection() const { return sel_; }
-    const Kernel &prepare() const { return prepare_; }
-    const Kernel &scan() const { return scan_; }
     gdn_aot_forward_args_t args(const Shape &s) const {
-        return forward_args(prepare_.get(), scan_.get(), sel_.scan, s);
+        return sel_.args(s, prepare_ ? prepare_->get() : nullptr, scan_ ? scan_->get() : nullptr,
+                         fused_ ? fused_->get() : nullptr);
     }
     Plan plan(const Shape &s) const { return plan_of(args(s)); }
     size_t workspace_bytes(const Shape &s) const { return plan(s).workspace_bytes; }
 
   private:
     Selection sel_;
-    Kernel prepare_, scan_;
+    std::unique_ptr<Kernel> prepare_, scan_, fused_;
 };
 
-// The forward: gdn_prepare then gdn_scan on `stream`, no host synchronisation (capturable in a CUDA graph).
+// The forward: the route's launches on `stream`, no host synchronisation (capturable in a CUDA graph).
 // workspace: workspace_bytes(shape) bytes of device memory, GDN_AOT_WORKSPACE_ALIGN-aligned (cuMemAlloc's are).
 inline CUresult gdn_forward(const Forward &fwd, const Shape &s, const Tensors &t, const Options &opt,
                             CUdeviceptr workspace, size_t workspace_bytes, CUstream stream) {
-    const Variant &sv = fwd.selection().scan;
-    if (s.K != sv.K || s.V != sv.V || s.varlen != sv.varlen || (s.varlen && !t.cu_seqlens) ||
-        (t.state_indices && !t.h0))
+    const Variant &v = *fwd.selection().variants().front();
+    if (s.K != v.K || s.V != v.V || s.varlen != v.varlen || (s.varlen && !t.cu_seqlens) || (t.state_indices && !t.h0))
         return CUDA_ERROR_INVALID_VALUE;
     gdn_aot_forward_args_t a = fwd.args(s);
     a.stream = stream;
@@ -269,10 +286,9 @@ inline CUresult gdn_forward(const Forward &fwd, const Shape &s, const Tensors &t
     a.h0 = t.h0, a.ht = t.ht, a.state_indices = t.state_indices, a.o = t.o;
     a.workspace = workspace, a.workspace_bytes = workspace_bytes;
     a.scale = opt.scale != 0.0f ? opt.scale : static_cast<float>(std::pow(static_cast<double>(s.K), -0.5));
-    a.prepare_flags = opt.l2norm ? GDN_AOT_PREPARE_L2NORM : 0;
-    a.scan_flags = (t.h0 ? GDN_AOT_SCAN_HAS_H0 : 0) | (t.ht ? GDN_AOT_SCAN_STORE_HT : 0) |
-                   (t.state_indices ? GDN_AOT_SCAN_USE_INDICES : 0);
-    return gdn_aot_forward(&a);  // checks the sizes, the workspace's size and alignment, then launches both
+    a.options = (opt.l2norm ? GDN_AOT_FORWARD_L2NORM : 0) | (t.h0 ? GDN_AOT_FORWARD_HAS_H0 : 0) |
+                (t.ht ? GDN_AOT_FORWARD_STORE_HT : 0) | (t.state_indices ? GDN_AOT_FORWARD_USE_INDICES : 0);
+    return gdn_aot_forward(&a);  // checks the sizes, the workspace's size and alignment, then launches the route
 }
 
 }  // namespace gdn_aot

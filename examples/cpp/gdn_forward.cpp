@@ -1,8 +1,9 @@
 // gdn_forward.cpp: one gdn-aot forward from C++ on raw device pointers (gdn_aot_forward.hpp does the work).
 //
-// Loads the bf16 gdn_prepare + gdn_scan variants of an artifact directory, fills inputs (deterministic, or raw
-// files written by Python), runs the forward on a stream, copies o and the final state back, prints checksums
-// and optionally writes o and ht to files. All device work goes through the generated launcher and its
+// Asks the launcher's dispatch table which route and bf16 variants of an artifact directory serve the batch (the
+// choice gdn_aot.chunk_gated_delta_rule makes), fills inputs (deterministic, or raw files written by Python), runs
+// the forward on a stream, copies o and the final state back, prints checksums and optionally writes o and ht to
+// files. All device work goes through the generated launcher and its
 // driver table (gdn_aot_driver()), so the program needs only libcuda.so.1 at run time, which the launcher
 // dlopens: it does not link -lcuda.
 //
@@ -12,8 +13,8 @@
 //       examples/cpp/gdn_forward.cpp -L$L -lgdn_aot_launch -Wl,-rpath,$L -o gdn_forward    (one line)
 // Run:
 //   ./gdn_forward artifacts/sm_90a                          # 3 sequences (100, 1, 300 tokens), H=2, HV=4
-//   ./gdn_forward artifacts/sm_90a --lens 4096,4096 --heads 16,32 --bv 128 --out /tmp/o
-//   ./gdn_forward artifacts/sm_90a --dry-run                # the variants, grids and workspace; no GPU needed
+//   ./gdn_forward artifacts/sm_90a --lens 4096,4096 --heads 16,32 --out /tmp/o
+//   ./gdn_forward artifacts/sm_90a --dry-run --sms 132      # the row, variants, grids, workspace; no GPU needed
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -32,7 +33,7 @@ const char USAGE[] =
     "  --lens L1,L2,..  sequence lengths of the packed (varlen) batch      [100,1,300]\n"
     "  --heads H,HV     query/key heads and value heads                    [2,4]\n"
     "  --dims K,V       head dims                                          [128,128]\n"
-    "  --bv N           gdn_scan's V tile (a built BV)                     [the smallest built]\n"
+    "  --sms N          SM count the dispatch table compares with          [the device's]\n"
     "  --transpose      state layout [N, HV, V, K]\n"
     "  --no-l2norm      use_qk_l2norm_in_kernel=False (generated k rows are then unit norm)\n"
     "  --no-h0          start from a zero state\n"
@@ -40,12 +41,13 @@ const char USAGE[] =
     "  --inputs DIR     read q.bin k.bin v.bin (bf16) g.bin beta.bin [h0.bin] (fp32), raw row-major\n"
     "  --out DIR        write o.bin (bf16) and ht.bin (fp32) there\n"
     "  --device N       CUDA device ordinal                                [0]\n"
-    "  --dry-run        print the picked variants, grids and workspace size; touch no GPU\n";
+    "  --dry-run        print the dispatch row, variants, grids and workspace size; touch no GPU\n"
+    "                   (needs --sms)\n";
 
 struct Args {
     std::string dir, inputs, out;
     std::vector<int> lens{100, 1, 300};
-    int H = 2, HV = 4, K = 128, V = 128, bv = -1, device = 0;
+    int H = 2, HV = 4, K = 128, V = 128, sms = 0, device = 0;
     unsigned seed = 1;
     bool transpose = false, l2norm = true, h0 = true, dry_run = false;
 };
@@ -83,8 +85,8 @@ Args parse(int argc, char **argv) {
             std::vector<int> d = ints(value());
             if (d.size() != 2) throw gdn_aot::Error("--dims takes K,V");
             a.K = d[0], a.V = d[1];
-        } else if (opt == "--bv") {
-            a.bv = std::stoi(value());
+        } else if (opt == "--sms") {
+            a.sms = std::stoi(value());
         } else if (opt == "--transpose") {
             a.transpose = true;
         } else if (opt == "--no-l2norm") {
@@ -111,6 +113,7 @@ Args parse(int argc, char **argv) {
     for (int len : a.lens)
         if (len < 0) throw gdn_aot::Error("--lens: lengths must be >= 0");
     if (a.H <= 0 || a.HV % a.H) throw gdn_aot::Error("--heads: HV must be a multiple of H");
+    if (a.dry_run && a.sms <= 0) throw gdn_aot::Error("--dry-run needs --sms N (the SM count of the target GPU)");
     return a;
 }
 
@@ -170,100 +173,135 @@ struct Buffer {
     Buffer &operator=(const Buffer &) = delete;
 };
 
-int run(const Args &a) {
-    gdn_aot::ArtifactDir dir(a.dir);
-    int bv = a.bv;
-    if (bv < 0) {  // the smallest built BV of the requested scan configuration
-        for (const gdn_aot::Variant &v : dir.variants())
-            if (v.kernel == "gdn_scan" && v.dtype == "bf16" && v.varlen && v.transpose == a.transpose &&
-                v.K == a.K && v.V == a.V && (bv < 0 || v.BV < bv))
-                bv = v.BV;
-    }
-    const gdn_aot::Selection sel = gdn_aot::Selection::pick(dir, "bf16", a.K, a.V, true, a.transpose, bv);
-    const int N = static_cast<int>(a.lens.size());
-    std::vector<int32_t> cu(1, 0);
-    for (int len : a.lens) cu.push_back(cu.back() + len);
-    const int rows = cu.back();
-    const gdn_aot::Shape shape = gdn_aot::Shape::packed(rows, N, a.H, a.HV, a.K, a.V);
-    const gdn_aot::Plan plan = sel.plan(shape);
-    std::printf("prepare: %s\nscan: %s\n", sel.prepare.key.c_str(), sel.scan.key.c_str());
-    std::printf("prepare_grid: %u %u %u\nscan_grid: %u %u %u\nworkspace_bytes: %zu\n", plan.prepare_grid[0],
-                plan.prepare_grid[1], plan.prepare_grid[2], plan.scan_grid[0], plan.scan_grid[1], plan.scan_grid[2],
-                static_cast<size_t>(plan.workspace_bytes));
-    if (a.dry_run) return 0;
+struct HostInputs {
+    std::vector<uint16_t> q, k, v;
+    std::vector<float> g, beta, h0;
+};
 
-    // host inputs
+// q, k, v (bf16), g, beta, h0 (fp32): from --inputs, or deterministic values
+HostInputs host_inputs(const Args &a, int rows, int N) {
     const size_t nq = static_cast<size_t>(rows) * a.H * a.K, nv = static_cast<size_t>(rows) * a.HV * a.V,
                  ng = static_cast<size_t>(rows) * a.HV, nh = static_cast<size_t>(N) * a.HV * a.K * a.V;
-    std::vector<uint16_t> q(nq), k(nq), v(nv);
-    std::vector<float> g(ng), beta(ng), h0(a.h0 ? nh : 0);
+    HostInputs x{std::vector<uint16_t>(nq), std::vector<uint16_t>(nq), std::vector<uint16_t>(nv),
+                 std::vector<float>(ng), std::vector<float>(ng), std::vector<float>(a.h0 ? nh : 0)};
     if (!a.inputs.empty()) {
-        read_raw(a.inputs + "/q.bin", q), read_raw(a.inputs + "/k.bin", k), read_raw(a.inputs + "/v.bin", v);
-        read_raw(a.inputs + "/g.bin", g), read_raw(a.inputs + "/beta.bin", beta);
-        if (a.h0) read_raw(a.inputs + "/h0.bin", h0);
-    } else {
-        Lcg rng{a.seed};
-        for (auto *x : {&q, &k}) {
-            for (size_t r = 0; r < nq / a.K; r++) {  // without l2norm in the kernel, rows must be unit norm
-                std::vector<float> row(a.K);
-                double ss = 0;
-                for (float &e : row) e = rng.next(), ss += static_cast<double>(e) * e;
-                const float inv = a.l2norm ? 1.0f : static_cast<float>(1.0 / std::sqrt(ss));
-                for (int c = 0; c < a.K; c++) (*x)[r * a.K + c] = to_bf16(row[c] * inv);
-            }
-        }
-        for (uint16_t &e : v) e = to_bf16(rng.next());
-        for (float &e : g) e = 0.5f * (rng.next() - 1.0f);  // log decay in [-1, 0)
-        for (float &e : beta) e = 0.5f * (rng.next() + 1.0f);
-        for (float &e : h0) e = 0.1f * rng.next();
+        read_raw(a.inputs + "/q.bin", x.q), read_raw(a.inputs + "/k.bin", x.k), read_raw(a.inputs + "/v.bin", x.v);
+        read_raw(a.inputs + "/g.bin", x.g), read_raw(a.inputs + "/beta.bin", x.beta);
+        if (a.h0) read_raw(a.inputs + "/h0.bin", x.h0);
+        return x;
     }
+    Lcg rng{a.seed};
+    for (auto *t : {&x.q, &x.k}) {
+        for (size_t r = 0; r < nq / a.K; r++) {  // without l2norm in the kernel, rows must be unit norm
+            std::vector<float> row(a.K);
+            double ss = 0;
+            for (float &e : row) e = rng.next(), ss += static_cast<double>(e) * e;
+            const float inv = a.l2norm ? 1.0f : static_cast<float>(1.0 / std::sqrt(ss));
+            for (int c = 0; c < a.K; c++) (*t)[r * a.K + c] = to_bf16(row[c] * inv);
+        }
+    }
+    for (uint16_t &e : x.v) e = to_bf16(rng.next());
+    for (float &e : x.g) e = 0.5f * (rng.next() - 1.0f);  // log decay in [-1, 0)
+    for (float &e : x.beta) e = 0.5f * (rng.next() + 1.0f);
+    for (float &e : x.h0) e = 0.1f * rng.next();
+    return x;
+}
 
+void print_selection(const gdn_aot::Selection &sel, const gdn_aot::Plan &plan) {
+    std::printf("route: %d\nclass: %s\n", sel.row->route, sel.row->shape_class);
+    const unsigned *grids[] = {plan.prepare_grid, plan.scan_grid, plan.fused_grid};
+    const char *names[] = {"prepare", "scan", "fused"};
+    const gdn_aot::Variant *variants[] = {&sel.prepare, &sel.scan, &sel.fused};
+    for (int i = 0; i < 3; i++) {
+        if (variants[i]->key.empty()) continue;
+        std::printf("%s: %s\n%s_grid: %u %u %u\n", names[i], variants[i]->key.c_str(), names[i], grids[i][0],
+                    grids[i][1], grids[i][2]);
+    }
+    std::printf("workspace_bytes: %zu\n", static_cast<size_t>(plan.workspace_bytes));
+}
+
+// checksums of o and ht; 0 when every value is finite
+int report(const Args &a, int rows, int N, const std::vector<uint16_t> &o, const std::vector<float> &ht) {
+    double o_sum = 0, o_abs = 0, h_sum = 0, h_abs = 0;
+    size_t bad = 0;
+    for (uint16_t e : o) {
+        const double x = from_bf16(e);
+        bad += !std::isfinite(x), o_sum += x, o_abs += std::fabs(x);
+    }
+    for (float e : ht) bad += !std::isfinite(e), h_sum += e, h_abs += std::fabs(e);
+    std::printf("rows %d, sequences %d, H %d, HV %d, l2norm %d, h0 %d\n", rows, N, a.H, a.HV, a.l2norm, a.h0);
+    std::printf("checksum o: sum %.6e abs %.6e\nchecksum ht: sum %.6e abs %.6e\n", o_sum, o_abs, h_sum, h_abs);
+    if (!a.out.empty()) {
+        write_raw(a.out + "/o.bin", o), write_raw(a.out + "/ht.bin", ht);
+        std::printf("wrote %s/o.bin and %s/ht.bin\n", a.out.c_str(), a.out.c_str());
+    }
+    if (bad) {
+        std::fprintf(stderr, "FAILED: %zu non-finite values in o / ht\n", bad);
+        return 1;
+    }
+    std::printf("ok\n");
+    return 0;
+}
+
+// The forward on the current context's device: inputs up, gdn_forward, outputs down.
+int run_on_device(const Args &a, const gdn_aot::ArtifactDir &dir, const gdn_aot::Selection &sel,
+                  const gdn_aot::Shape &shape, const std::vector<int32_t> &cu) {
+    const gdn_aot_driver_t *d = gdn_aot_driver();
+    const int rows = cu.back(), N = static_cast<int>(cu.size()) - 1;
+    const size_t nv = static_cast<size_t>(rows) * a.HV * a.V, nh = static_cast<size_t>(N) * a.HV * a.K * a.V;
+    const HostInputs x = host_inputs(a, rows, N);
+    CUstream stream;
+    gdn_aot::check(d->StreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+    const gdn_aot::Forward fwd(dir, sel);  // loads the route's cubins into the current context
+    Buffer dq(d, x.q), dk(d, x.k), dv(d, x.v), dg(d, x.g), dbeta(d, x.beta), dcu(d, cu), dh0(d, x.h0);
+    Buffer dht(d, nh * 4), dout(d, nv * 2), work(d, fwd.workspace_bytes(shape));
+    gdn_aot::Tensors t;
+    t.q = dq.ptr, t.k = dk.ptr, t.v = dv.ptr, t.g = dg.ptr, t.beta = dbeta.ptr, t.cu_seqlens = dcu.ptr;
+    t.h0 = dh0.ptr, t.ht = dht.ptr, t.o = dout.ptr;
+    gdn_aot::Options opt;
+    opt.l2norm = a.l2norm;
+    gdn_aot::check(gdn_aot::gdn_forward(fwd, shape, t, opt, work.ptr, fwd.workspace_bytes(shape), stream),
+                   "gdn_forward");
+    gdn_aot::check(d->StreamSynchronize(stream), "cuStreamSynchronize (the forward's kernels)");
+    std::vector<uint16_t> o(nv);
+    std::vector<float> ht(nh);
+    if (nv) gdn_aot::check(d->MemcpyDtoH(o.data(), dout.ptr, nv * 2), "cuMemcpyDtoH(o)");
+    if (nh) gdn_aot::check(d->MemcpyDtoH(ht.data(), dht.ptr, nh * 4), "cuMemcpyDtoH(ht)");
+    d->StreamDestroy(stream);
+    return report(a, rows, N, o, ht);
+}
+
+int run(const Args &a) {
+    gdn_aot::ArtifactDir dir(a.dir);
+    std::vector<int32_t> cu(1, 0);
+    for (int len : a.lens) cu.push_back(cu.back() + len);
+    const gdn_aot::Shape shape =
+        gdn_aot::Shape::packed(cu.back(), static_cast<int32_t>(a.lens.size()), a.H, a.HV, a.K, a.V);
+    const gdn_aot::Config config{"bf16", a.K, a.V, true, a.transpose};
+    if (a.dry_run) {
+        const gdn_aot::Selection sel = gdn_aot::Selection::select(dir, config, shape.programs(), a.sms);
+        print_selection(sel, sel.plan(shape));
+        return 0;
+    }
     gdn_aot::check(gdn_aot_init(), "gdn_aot_init");
     const gdn_aot_driver_t *d = gdn_aot_driver();
     CUdevice dev;
     CUcontext ctx;
     gdn_aot::check(d->DeviceGet(&dev, a.device), "cuDeviceGet");
+    int sms = a.sms;
+    if (sms <= 0)
+        gdn_aot::check(d->DeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev),
+                       "cuDeviceGetAttribute(MULTIPROCESSOR_COUNT)");
+    const gdn_aot::Selection sel = gdn_aot::Selection::select(dir, config, shape.programs(), sms);
+    print_selection(sel, sel.plan(shape));
     gdn_aot::check(d->DevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
-    int rc = 0;
-    {
+    int rc = 1;
+    try {
         gdn_aot::check(d->CtxSetCurrent(ctx), "cuCtxSetCurrent");
-        CUstream stream;
-        gdn_aot::check(d->StreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
-        const gdn_aot::Forward fwd(dir, sel);  // loads both cubins into the current context
-        Buffer dq(d, q), dk(d, k), dv(d, v), dg(d, g), dbeta(d, beta), dcu(d, cu), dh0(d, h0);
-        Buffer dht(d, nh * 4), dout(d, nv * 2), work(d, fwd.workspace_bytes(shape));
-        gdn_aot::Tensors t;
-        t.q = dq.ptr, t.k = dk.ptr, t.v = dv.ptr, t.g = dg.ptr, t.beta = dbeta.ptr, t.cu_seqlens = dcu.ptr;
-        t.h0 = dh0.ptr, t.ht = dht.ptr, t.o = dout.ptr;
-        gdn_aot::Options opt;
-        opt.l2norm = a.l2norm;
-        gdn_aot::check(gdn_aot::gdn_forward(fwd, shape, t, opt, work.ptr, plan.workspace_bytes, stream), "gdn_forward");
-        gdn_aot::check(d->StreamSynchronize(stream), "cuStreamSynchronize (the forward's kernels)");
-        std::vector<uint16_t> o(nv);
-        std::vector<float> ht(nh);
-        if (nv) gdn_aot::check(d->MemcpyDtoH(o.data(), dout.ptr, nv * 2), "cuMemcpyDtoH(o)");
-        if (nh) gdn_aot::check(d->MemcpyDtoH(ht.data(), dht.ptr, nh * 4), "cuMemcpyDtoH(ht)");
-        d->StreamDestroy(stream);
-
-        double o_sum = 0, o_abs = 0, h_sum = 0, h_abs = 0;
-        size_t bad = 0;
-        for (uint16_t e : o) {
-            const double x = from_bf16(e);
-            bad += !std::isfinite(x), o_sum += x, o_abs += std::fabs(x);
-        }
-        for (float e : ht) bad += !std::isfinite(e), h_sum += e, h_abs += std::fabs(e);
-        std::printf("rows %d, sequences %d, H %d, HV %d, l2norm %d, h0 %d\n", rows, N, a.H, a.HV, a.l2norm, a.h0);
-        std::printf("checksum o: sum %.6e abs %.6e\nchecksum ht: sum %.6e abs %.6e\n", o_sum, o_abs, h_sum, h_abs);
-        if (!a.out.empty()) {
-            write_raw(a.out + "/o.bin", o), write_raw(a.out + "/ht.bin", ht);
-            std::printf("wrote %s/o.bin and %s/ht.bin\n", a.out.c_str(), a.out.c_str());
-        }
-        if (bad) {
-            std::fprintf(stderr, "FAILED: %zu non-finite values in o / ht\n", bad);
-            rc = 1;
-        } else {
-            std::printf("ok\n");
-        }
+        rc = run_on_device(a, dir, sel, shape, cu);
+    } catch (...) {
+        d->DevicePrimaryCtxRelease(dev);
+        throw;
     }
     d->DevicePrimaryCtxRelease(dev);
     return rc;

@@ -5,7 +5,7 @@
 Every rank builds the same full inputs (same seed), keeps its slice of key heads H / world and the matching
 value heads HV / world (value head i reads key head i // (HV // H), so contiguous slices stay consistent),
 runs the forward, and the gathered outputs and final states are compared on rank 0 with a single-GPU run of
-all heads. NOT YET RUN: it needs a host with two or more GPUs (issue 7).
+all heads. NOT YET RUN: it needs a host with two or more GPUs.
 """
 import os
 

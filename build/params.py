@@ -1,47 +1,32 @@
-"""The kernel parameter ABI as the launcher sees it, and its check against the PTX `.entry`.
+"""The kernel parameter list as the launcher passes it, and its check against the compiled kernel.
 
-Triton lowers the runtime arguments in order (constexprs dropped): pointer -> u64, i32 -> u32, i64 -> u64,
-fp32 -> f32, then appends the global_scratch and profile_scratch pointers (gluon-aot-facts.md). The launcher
-packs exactly this list into `void *params[]`.
+The list is the family's runtime parameters (loader/abi.py FAMILIES, with the types it maps to C, PTX and
+ctypes), then the global_scratch and profile_scratch pointers Triton appends to every kernel. The build checks
+each variant's list against the PTX `.entry` (count, width, int/float class, pointer-ness, order) and against the
+cubin's EIATTR_KPARAM_INFO table (docs/artifacts.md), so the launcher packs exactly what the kernel reads.
 """
 from __future__ import annotations
 
 import re
+
+from ..loader.abi import param_abi
 
 
 class AbiError(ValueError):
     pass
 
 
-# triton scalar type -> (C type, PTX param type, bytes, ctypes name for the loader)
-SCALARS = {
-    "i32": ("int32_t", "u32", 4, "c_int32"),
-    "u32": ("uint32_t", "u32", 4, "c_uint32"),
-    "i64": ("int64_t", "u64", 8, "c_int64"),
-    "u64": ("uint64_t", "u64", 8, "c_uint64"),
-    "fp32": ("float", "f32", 4, "c_float"),
-    "fp64": ("double", "f64", 8, "c_double"),
-}
-POINTER = ("CUdeviceptr", "u64", 8, "c_uint64")
-
-
 def param(name: str, ty: str) -> dict:
     if ty.startswith("tensordesc"):
-        # Our kernels build their TMA descriptors on device (per sequence, so varlen bounds are exact), so no
+        # The kernels build their TMA descriptors on device (per sequence, so varlen bounds are exact), so no
         # host-side CUtensorMap is ever passed. Supporting one would mean a 128-byte by-value param + shape/stride
         # params (1 + 2r in all) and a cuTensorMapEncodeTiled per call on the host: refused until a kernel needs it.
         raise AbiError(f"parameter {name!r} is a tensor descriptor ({ty}); the generated launcher does not "
                        "support host-built tensor descriptors (kernels make theirs on device)")
-    if ty.startswith("*"):
-        ctype, ptx, size, ct = POINTER
-        kind = "pointer"
-    elif ty in SCALARS:
-        ctype, ptx, size, ct = SCALARS[ty]
-        kind = "scalar"
-    else:
-        raise AbiError(f"parameter {name!r} has type {ty!r}, which the launcher does not support "
-                       f"(pointers and {sorted(SCALARS)})")
-    return {"name": name, "type": ty, "kind": kind, "ctype": ctype, "ptx": ptx, "bytes": size, "ctypes": ct}
+    try:
+        return param_abi(name, ty)
+    except ValueError as e:
+        raise AbiError(str(e)) from None
 
 
 def scratch_params() -> list[dict]:
@@ -104,7 +89,7 @@ def cubin_params(cubin) -> list[dict]:
     """[{ordinal, offset, bytes}] from the cubin's EIATTR_KPARAM_INFO table (cuobjdump -elf), by ordinal."""
     import subprocess
 
-    from gdn_aot.build.toolchain import nvidia_bin
+    from .toolchain import nvidia_bin
 
     r = subprocess.run([str(nvidia_bin("cuobjdump")), "-elf", str(cubin)], capture_output=True, text=True)
     if r.returncode:

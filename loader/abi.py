@@ -1,0 +1,315 @@
+"""The launcher ABI, declared once: everything the generated C launcher and its callers agree on.
+
+From these declarations the build renders the C launcher (build/launcher.py, build/templates: the header's
+structs, flag macros, launch functions, gdn_aot_forward and its plan), the loader builds its ctypes mirrors and
+packs the forward's argument struct (loader/binding.py, loader/api.py), and tests/test_abi.py checks the compiled
+launcher against them; examples/cpp reads only the generated header. Adding a forward argument or a kernel
+parameter is one edit here plus a LAUNCHER_ABI_VERSION bump (then the kernel source, for a kernel parameter).
+
+  kernel parameters   FAMILIES: per kernel family, its runtime parameters in launch order, each with the source
+                      gdn_aot_forward feeds it from (an argument, a workspace region, a plan value or the flags)
+  flag bits           OPTIONS (the forward's `options` word) and each family's `flags` bits, derived from them
+  argument struct     ROUTE_FIELDS + CALL_FIELDS = gdn_aot_forward_args_t, every field 8 bytes wide
+  plan                PLAN_FIELDS = gdn_aot_forward_plan_t: grids, the kernels' T, the workspace layout (REGIONS)
+  routes              ROUTES: the kernels one forward launches (gdn_prepare + gdn_scan, or gdn_fused); the
+                      dispatch table (loader/dispatch.py) picks a route and its variants per shape class
+  dispatch rows       DISPATCH_ROW_FIELDS = gdn_aot_dispatch_row_t, the table compiled into the launcher
+
+Imports only the standard library (no torch, no triton): the build, the loader and the kernels all read it.
+"""
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import struct
+
+# 2: gdn_l2norm fused away; gdn_prepare/gdn_scan take q, rq, rk, flags; the library versioned (.so.2 soname)
+# 3: rq, rk -> qg, kg (always written by gdn_prepare, always read by gdn_scan); gdn_prepare's grid (slots, H, 1);
+#    gdn_aot_forward (both launches in one call)
+# 4: the gdn_fused family and routes: gdn_aot_forward_args_t starts with the route and its kernels, one `options`
+#    word replaces the two flag words; the dispatch table and gdn_aot_select in the launcher
+LAUNCHER_ABI_VERSION = 4
+# 2: `dispatch` holds the spec's preferences (`spec`) and the table (`table`); launcher.forward lists its routes
+MANIFEST_SCHEMA_VERSION = 2
+
+WORKSPACE_ALIGN = 256  # every workspace region starts on this boundary (gdn_aot_forward_plan)
+DTYPE_BYTES = {"bf16": 2, "fp16": 2}  # bytes of a q, k, v, o element per input dtype
+
+# Kernel parameter types, as Triton signature strings -> (C type, PTX param type, bytes, ctypes type name).
+# Pointers ("*bf16", "*fp32", "*{dtype}" = the variant's input dtype, ...) are all POINTER_TYPE.
+SCALAR_TYPES = {
+    "i32": ("int32_t", "u32", 4, "c_int32"),
+    "u32": ("uint32_t", "u32", 4, "c_uint32"),
+    "i64": ("int64_t", "u64", 8, "c_int64"),
+    "u64": ("uint64_t", "u64", 8, "c_uint64"),
+    "fp32": ("float", "f32", 4, "c_float"),
+    "fp64": ("double", "f64", 8, "c_double"),
+}
+POINTER_TYPE = ("CUdeviceptr", "u64", 8, "c_uint64")
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    """One field of a C struct of the ABI: its name, C declaration type, struct/ctypes spelling and comment."""
+
+    name: str
+    ctype: str
+    code: str  # struct module code (the forward's argument struct) or "" where never packed by struct
+    ctypes: str  # ctypes type name
+    doc: str = ""
+    count: int = 1  # array length (1: a scalar field)
+
+    @property
+    def decl(self) -> str:
+        sep = "" if self.ctype.endswith("*") else " "
+        return f"{self.ctype}{sep}{self.name}" + (f"[{self.count}]" if self.count > 1 else "")
+
+
+def _kernel_ptr(name, doc):
+    return Field(name, "const gdn_aot_kernel_t *", "Q", "c_uint64", doc)
+
+
+def _i64(name, doc=""):
+    return Field(name, "int64_t", "q", "c_int64", doc)
+
+
+def _ptr(name, doc=""):
+    return Field(name, "CUdeviceptr", "Q", "c_uint64", doc)
+
+
+# gdn_aot_kernel_t: a loaded variant (gdn_aot_kernel_load fills it)
+KERNEL_FIELDS = (
+    Field("module", "CUmodule", "", "c_void_p"),
+    Field("function", "CUfunction", "", "c_void_p"),
+    Field("num_warps", "unsigned", "", "c_uint", "blockDim.x = 32 * num_warps"),
+    Field("shared", "unsigned", "", "c_uint", "dynamic shared memory bytes"),
+    Field("scratch_size", "unsigned", "", "c_uint", "global scratch bytes per program (0: pass global_scratch = 0)"),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """A bit of the forward's `options` word (GDN_AOT_FORWARD_<name>)."""
+
+    name: str
+    bit: int
+    doc: str
+
+
+OPTIONS = (
+    Option("L2NORM", 1, "use_qk_l2norm_in_kernel: normalise the q and k rows"),
+    Option("HAS_H0", 2, "read the initial state h0"),
+    Option("STORE_HT", 4, "write the final state ht"),
+    Option("USE_INDICES", 8, "h0 and ht are a pool of slots, sequence n's being state_indices[n]"),
+)
+OPTION_BITS = {o.name: o.bit for o in OPTIONS}
+
+
+@dataclasses.dataclass(frozen=True)
+class Flag:
+    """A bit of a kernel family's `flags` parameter (GDN_AOT_<name> in C, gdn_aot.kernels.<name> in Python),
+    set by gdn_aot_forward when the forward option of the same meaning is."""
+
+    name: str
+    bit: int
+    option: str
+    doc: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Param:
+    """A kernel runtime parameter: name, Triton type, and what gdn_aot_forward passes:
+    "args.<field>" (of gdn_aot_forward_args_t, cast to the parameter's type), "workspace.<region>" (the region's
+    address), "plan.<field>" (of gdn_aot_forward_plan_t) or "flags" (the family's flag bits of the options)."""
+
+    name: str
+    type: str
+    source: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """A kernel family as the launcher sees it."""
+
+    name: str
+    handle: str  # the field of gdn_aot_forward_args_t (and of a dispatch row) naming its loaded variant
+    route: str
+    grid: tuple  # three plan quantities (GRID_QUANTITIES) or ints
+    grid_doc: str
+    params: tuple[Param, ...]
+    flags: tuple[Flag, ...]
+
+    @property
+    def kernel_params(self) -> tuple[tuple[str, str], ...]:
+        """(name, type) in launch order: KernelDef.params."""
+        return tuple((p.name, p.type) for p in self.params)
+
+
+def _p(spec: str) -> tuple[Param, ...]:
+    """Params from "name:type:source" words (source "args.<name>" when omitted)."""
+    out = []
+    for word in spec.split():
+        name, ty, *src = word.split(":")
+        out.append(Param(name, ty, src[0] if src else f"args.{name}"))
+    return tuple(out)
+
+
+_STATE_PARAMS = "h0:*fp32 ht:*fp32 state_indices:*i32 o:*{dtype}"
+FAMILIES = {f.name: f for f in (
+    Family(
+        "gdn_prepare", "prepare", "prepare_scan", ("slots", "H", 1),
+        "varlen: (T // BT + num_seqs, H, 1); fixed: (num_seqs * cdiv(T, BT), H, 1)",
+        _p("q:*{dtype} k:*{dtype} v:*{dtype} g:*fp32 beta:*fp32 cu_seqlens:*i32 w:*{dtype}:workspace.w "
+           "u:*{dtype}:workspace.u gam:*fp32:workspace.gam qg:*fp32:workspace.qg kg:*fp32:workspace.kg "
+           "T:i32:plan.T_arg num_seqs:i32 H:i32 HV:i32 flags:i32:flags"),
+        (Flag("PREPARE_L2NORM", 1, "L2NORM", "normalise k, fold the q/k row norms into qg and kg"),),
+    ),
+    Family(
+        "gdn_scan", "scan", "prepare_scan", ("num_seqs", "HV", "ztiles"), "(num_seqs, HV, V // BV)",
+        _p("q:*{dtype} k:*{dtype} w:*{dtype}:workspace.w u:*{dtype}:workspace.u gam:*fp32:workspace.gam "
+           "qg:*fp32:workspace.qg kg:*fp32:workspace.kg cu_seqlens:*i32 " + _STATE_PARAMS
+           + " scale:fp32 T:i32:plan.T_arg H:i32 HV:i32 flags:i32:flags"),
+        (Flag("SCAN_HAS_H0", 1, "HAS_H0", "read the initial state"),
+         Flag("SCAN_STORE_HT", 2, "STORE_HT", "write the final state"),
+         Flag("SCAN_USE_INDICES", 4, "USE_INDICES",
+              "state slot = state_indices[sequence] (-1: zero state, not written)")),
+    ),
+    Family(
+        "gdn_fused", "fused", "fused", ("num_seqs", "HV", 1), "(num_seqs, HV, 1)",
+        _p("q:*{dtype} k:*{dtype} v:*{dtype} g:*fp32 beta:*fp32 cu_seqlens:*i32 " + _STATE_PARAMS
+           + " scale:fp32 T:i32:plan.T_arg H:i32 HV:i32 flags:i32:flags"),
+        (Flag("FUSED_L2NORM", 1, "L2NORM", "normalise the q and k rows"),
+         Flag("FUSED_HAS_H0", 2, "HAS_H0", "read the initial state"),
+         Flag("FUSED_STORE_HT", 4, "STORE_HT", "write the final state"),
+         Flag("FUSED_USE_INDICES", 8, "USE_INDICES",
+              "state slot = state_indices[sequence] (-1: zero state, not written)")),
+    ),
+)}
+FLAGS = {fl.name: fl.bit for f in FAMILIES.values() for fl in f.flags}
+# what a family's grid may name: computed by gdn_aot_forward_plan (slots: chunk slots, an upper bound on a batch's
+# chunks; ztiles: V // BV) or an argument
+GRID_QUANTITIES = ("slots", "ztiles", "num_seqs", "H", "HV")
+
+
+@dataclasses.dataclass(frozen=True)
+class Route:
+    """The kernels one forward launches, in order (GDN_AOT_ROUTE_<name>)."""
+
+    name: str
+    id: int
+    families: tuple[str, ...]
+
+
+ROUTES = {r.name: r for r in (Route("prepare_scan", 0, ("gdn_prepare", "gdn_scan")),
+                              Route("fused", 1, ("gdn_fused",)))}
+
+
+@dataclasses.dataclass(frozen=True)
+class Region:
+    """A workspace region of gdn_aot_forward: [rows, HV] x the product of `per_row_head` (names of arguments, or
+    byte counts) bytes, used by the routes named; another route's call gives it 0 bytes. The global scratch (the
+    larger of the route's launches' needs, shared by them) follows the regions."""
+
+    name: str
+    per_row_head: tuple
+    routes: tuple[str, ...]
+    doc: str
+
+
+REGIONS = (
+    Region("w", ("K", "elt"), ("prepare_scan",), "w [rows, HV, K], input dtype"),
+    Region("u", ("V", "elt"), ("prepare_scan",), "u [rows, HV, V], input dtype"),
+    Region("gam", (4,), ("prepare_scan",), "gam [rows, HV] fp32: the chunk-local cumsum of g"),
+    Region("qg", (4,), ("prepare_scan",), "qg [rows, HV] fp32: gam + ln rq"),
+    Region("kg", (4,), ("prepare_scan",), "kg [rows, HV] fp32: gam - ln rk"),
+)
+
+# gdn_aot_forward_args_t. The fields of a route (the same for every call of a dispatch row) come first, then the
+# fields of a call, so the Python API packs the first group once per route.
+ROUTE_FIELDS = (
+    _i64("route", "GDN_AOT_ROUTE_*: the dispatch row's route"),
+    *(_kernel_ptr(f.handle, f"the loaded {f.name} variant (route {f.route}; else 0)") for f in FAMILIES.values()),
+    _i64("K"), _i64("V"),
+    _i64("BT", "the variants' chunk length (kernels.tsv column BT)"),
+    _i64("BV", "the gdn_scan variant's V tile (kernels.tsv column BV; unused by the fused route)"),
+    _i64("elt", "bytes per q/k/v element: 2"),
+)
+CALL_FIELDS = (
+    Field("stream", "CUstream", "Q", "c_uint64"),
+    *(_ptr(n) for n in ("q", "k", "v", "g", "beta", "cu_seqlens", "h0", "ht", "state_indices", "o")),
+    _ptr("workspace", "GDN_AOT_WORKSPACE_ALIGN-byte aligned"),
+    Field("workspace_bytes", "uint64_t", "Q", "c_uint64", "its size: at least the plan's workspace_bytes"),
+    _i64("B", "q is [B, T, H, K]"),
+    _i64("T"),
+    _i64("num_seqs", "N: cu_seqlens has N + 1 entries (or N = B)"),
+    _i64("H"), _i64("HV"),
+    _i64("options", "GDN_AOT_FORWARD_* bits"),
+    Field("scale", "double", "d", "c_double", "passed to the kernels as float"),
+)
+FORWARD_ARG_FIELDS = ROUTE_FIELDS + CALL_FIELDS
+ROUTE_ARGS = struct.Struct("=" + "".join(f.code for f in ROUTE_FIELDS))
+CALL_ARGS = struct.Struct("=" + "".join(f.code for f in CALL_FIELDS))
+FORWARD_ARGS = struct.Struct("=" + "".join(f.code for f in FORWARD_ARG_FIELDS))
+
+# gdn_aot_forward_plan_t: a grid per family, the kernels' T, a byte offset per region and for the scratch
+PLAN_FIELDS = (
+    *(Field(f"{f.handle}_grid", "unsigned", "", "c_uint", f"{f.name}: {f.grid_doc}", 3) for f in FAMILIES.values()),
+    Field("T_arg", "int32_t", "", "c_int32", "the kernels' `T`: rows for varlen batches, T for fixed-length ones"),
+    *(Field(r.name, "uint64_t", "", "c_uint64", r.doc) for r in REGIONS),
+    Field("scratch", "uint64_t", "", "c_uint64", "the global scratch the route's launches share"),
+    Field("scratch_bytes", "uint64_t", "", "c_uint64", "its size: the largest of the route's launches' needs"),
+    Field("workspace_bytes", "uint64_t", "", "c_uint64", "the workspace the call needs"),
+)
+
+# gdn_aot_dispatch_row_t: a row of the dispatch table (loader/dispatch.py builds it; gdn_aot_select reads it)
+BOUNDS = {"any": 0, "le": 1, "lt": 2}  # GDN_AOT_BOUND_*: every batch; programs * den <= / < sm_count * num
+DISPATCH_ROW_FIELDS = (
+    Field("dtype", "const char *", "", "c_char_p", "\"bf16\" | \"fp16\""),
+    *(Field(n, "int32_t", "", "c_int32") for n in ("K", "V", "varlen", "transpose")),
+    Field("bound", "int32_t", "", "c_int32", "GDN_AOT_BOUND_*: which num_seqs * HV (programs) the row takes"),
+    Field("num", "int32_t", "", "c_int32", "programs * den <= (or <) sm_count * num"),
+    Field("den", "int32_t", "", "c_int32"),
+    Field("route", "int32_t", "", "c_int32", "GDN_AOT_ROUTE_*"),
+    *(Field(f.handle, "const char *", "", "c_char_p", f"{f.name} variant key (kernels.tsv), NULL where unused")
+      for f in FAMILIES.values()),
+    Field("shape_class", "const char *", "", "c_char_p", "the row's shape class, for messages"),
+)
+
+
+def ctypes_struct(name: str, fields) -> type:
+    """A ctypes.Structure mirroring a C struct of the ABI."""
+    return type(name, (ctypes.Structure,), {"_fields_": [
+        (f.name, getattr(ctypes, f.ctypes) * f.count if f.count > 1 else getattr(ctypes, f.ctypes)) for f in fields]})
+
+
+KernelStruct = ctypes_struct("KernelStruct", KERNEL_FIELDS)
+ForwardPlan = ctypes_struct("ForwardPlan", PLAN_FIELDS)
+DispatchRow = ctypes_struct("DispatchRow", DISPATCH_ROW_FIELDS)
+
+
+def param_abi(name: str, ty: str) -> dict:
+    """A kernel parameter as the launcher passes it: {name, type, kind, ctype, ptx, bytes, ctypes}."""
+    if ty.startswith("*"):
+        (ctype, ptx, size, ct), kind = POINTER_TYPE, "pointer"
+    elif ty in SCALAR_TYPES:
+        (ctype, ptx, size, ct), kind = SCALAR_TYPES[ty], "scalar"
+    else:
+        raise ValueError(f"parameter {name!r} has type {ty!r}, which the launcher does not support "
+                         f"(pointers and {sorted(SCALAR_TYPES)})")
+    return {"name": name, "type": ty, "kind": kind, "ctype": ctype, "ptx": ptx, "bytes": size, "ctypes": ct}
+
+
+def families_of(route: str) -> list[Family]:
+    return [FAMILIES[n] for n in ROUTES[route].families]
+
+
+def region_bytes_per_row_head(route: str, values: dict) -> int:
+    """Bytes per (row, value head) of the route's workspace regions, the sizes named by `values` (K, V, elt)."""
+    total = 0
+    for r in REGIONS:
+        if route in r.routes:
+            size = 1
+            for f in r.per_row_head:
+                size *= values[f] if isinstance(f, str) else f
+            total += size
+    return total

@@ -1,0 +1,139 @@
+"""The dispatch table (loader/dispatch.py): built from a spec's preferences and the variants that compiled, it
+gives the shape classes of the two-kernel route (single wave, small batch, default) and the classes a spec routes
+to gdn_fused; the launcher's C copy (gdn_aot_select) answers every batch as the Python loader does. On the CPU:
+synthetic variant sets, no kernel build (the launcher is rendered from the table and compiled here)."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from gdn_aot.build import launcher
+from gdn_aot.kernels import KERNELS
+from gdn_aot.loader import Launcher
+from gdn_aot.loader.abi import ROUTES
+from gdn_aot.loader.dispatch import build_table, config_rows, most_programs, select
+
+USES = {name: sorted(kd.uses_axes) for name, kd in KERNELS.items()}
+SMS = (16, 78, 114, 132, 148)
+# specs/qwen35.yaml's sm_90a dispatch preferences
+QWEN_SM90 = {"gdn_scan": {"default_BV": 128, "small_batch_BV": 32, "small_batch_factor": 0.5,
+                          "single_wave_warps": 16}}
+
+
+def variant(kernel, BV=128, warps=4, dtype="bf16", varlen=True, transpose=False, K=128, V=128, BT=64):
+    axes = {"dtype": dtype, "K": K, "V": V, "BT": BT, "BK": K, "BV": BV, "varlen": varlen, "transpose": transpose,
+            "num_warps": warps, "num_stages": 1, "kernel": kernel, "arch": "sm_90a"}
+    key = (f"{kernel}.sm_90a.{dtype}.k{K}v{V}.bt{BT}bk{K}bv{BV}.{'varlen' if varlen else 'fixed'}."
+           f"{'vk' if transpose else 'kv'}.w{warps}s1")
+    return key, {"kernel": kernel, "axes": axes, "num_warps": warps}
+
+
+def qwen_sm90_variants(transposes=(False, True), fused=False) -> dict:
+    """The sm_90a variants of specs/qwen35.yaml's varlen bf16 configurations (and a 16-warp gdn_fused)."""
+    out = dict([variant("gdn_prepare")])
+    for tr in transposes:
+        out.update(variant("gdn_scan", bv, w, transpose=tr) for bv, w in ((32, 4), (64, 4), (128, 8), (32, 16),
+                                                                           (64, 16)))
+        if fused:
+            out.update([variant("gdn_fused", 128, 16, transpose=tr)])
+    return out
+
+
+def scan_bv(row) -> int:
+    return int(row["kernels"]["gdn_scan"].split(".bt64bk128bv")[1].split(".")[0])
+
+
+def todays_rule(programs: int, sm_count: int) -> tuple[int, int]:
+    """The rule the loader applied before the table (per-call Python tiers): (BV, num_warps) of gdn_scan."""
+    tiers = []
+    for bv in (32, 64):  # single wave: the smallest BV of the 16-warp scan whose grid fits the SMs
+        upto = sm_count // (128 // bv)
+        if upto > (tiers[-1][0] if tiers else 0):
+            tiers.append((upto, bv))
+    if tiers and programs <= tiers[-1][0]:
+        return next(bv for upto, bv in tiers if programs <= upto), 16
+    return (32, 4) if programs < 0.5 * sm_count else (128, 8)
+
+
+def test_qwen35_rules_become_rows():
+    table = build_table(QWEN_SM90, qwen_sm90_variants(), USES)
+    rows = config_rows(table, "bf16", 128, 128, True, False)
+    assert [(r["class"], r["bound"], r["num"], r["den"], scan_bv(r)) for r in rows] == [
+        ("single_wave", "le", 1, 4, 32), ("single_wave", "le", 1, 2, 64), ("small_batch", "lt", 1, 2, 32),
+        ("default", "any", 0, 1, 128)]
+    assert [most_programs(r, 132) for r in rows] == [33, 66, 65, float("inf")]
+    assert all(r["route"] == "prepare_scan" and r["kernels"]["gdn_prepare"].startswith("gdn_prepare.") for r in rows)
+    assert ".w16s1" in rows[0]["kernels"]["gdn_scan"] and ".w4s1" in rows[2]["kernels"]["gdn_scan"]
+    assert len(table) == 8  # both state layouts
+
+
+@pytest.mark.parametrize("sm_count", SMS)
+def test_table_keeps_the_rule_it_replaces(sm_count):
+    """Every batch size gets the gdn_scan variant the per-call tiers gave (ties included: programs == SMs / 2)."""
+    table = build_table(QWEN_SM90, qwen_sm90_variants(), USES)
+    for programs in range(1, 4 * sm_count):
+        r = select(table, "bf16", 128, 128, True, False, programs, sm_count)
+        got = (scan_bv(r), int(r["kernels"]["gdn_scan"].rsplit(".w", 1)[1].split("s")[0]))
+        assert got == todays_rule(programs, sm_count), (programs, r["class"])
+
+
+def test_missing_variants_fall_back_like_pick():
+    """A preferred BV that did not compile: the row takes default_BV, else the largest built BV (among variants of
+    one BV, the fewest warps)."""
+    variants = qwen_sm90_variants(transposes=(False,))
+    for w in (4, 16):
+        del variants[f"gdn_scan.sm_90a.bf16.k128v128.bt64bk128bv32.varlen.kv.w{w}s1"]
+    rows = build_table(QWEN_SM90, variants, USES)
+    assert [(r["class"], scan_bv(r)) for r in rows] == [("single_wave", 64), ("small_batch", 128), ("default", 128)]
+    del variants["gdn_scan.sm_90a.bf16.k128v128.bt64bk128bv128.varlen.kv.w8s1"]
+    rows = build_table(QWEN_SM90, variants, USES)
+    assert [(r["class"], scan_bv(r), r["kernels"]["gdn_scan"].rsplit(".", 1)[1]) for r in rows] == [
+        ("single_wave", 64, "w16s1"), ("small_batch", 64, "w4s1"), ("default", 64, "w4s1")]
+    assert [r["class"] for r in build_table({}, variants, USES)] == ["default"]  # no preferences: one row
+
+
+def test_fused_classes_and_fused_only_configurations():
+    prefs = {**QWEN_SM90, "gdn_fused": {"classes": ["small_batch", "default"]}}
+    rows = build_table(prefs, qwen_sm90_variants(transposes=(False,), fused=True), USES)
+    assert [(r["class"], r["route"]) for r in rows] == [
+        ("single_wave", "prepare_scan"), ("single_wave", "prepare_scan"), ("small_batch", "fused"),
+        ("default", "fused")]
+    assert set(rows[-1]["kernels"]) == {"gdn_fused"} and ".w16s1" in rows[-1]["kernels"]["gdn_fused"]
+    # without a gdn_fused preference the two-kernel route keeps every class; a configuration only gdn_fused
+    # serves (here the transposed layout) gets one unbounded fused row
+    variants = {**qwen_sm90_variants(transposes=(False,)), **dict([variant("gdn_fused", 128, 16, transpose=True)])}
+    rows = build_table(QWEN_SM90, variants, USES)
+    assert {r["route"] for r in config_rows(rows, "bf16", 128, 128, True, False)} == {"prepare_scan"}
+    (only,) = config_rows(rows, "bf16", 128, 128, True, True)
+    assert (only["class"], only["bound"], only["route"]) == ("default", "any", "fused")
+
+
+@pytest.fixture(scope="module")
+def table_launcher(tmp_path_factory):
+    """A launcher of all three families compiled with a synthetic table: qwen35's rules, fused for default."""
+    prefs = {**QWEN_SM90, "gdn_fused": {"classes": ["default"]}}
+    table = build_table(prefs, qwen_sm90_variants(fused=True), USES)
+    out = tmp_path_factory.mktemp("table_launcher")
+    for name, text in launcher.render("sm_90a", list(KERNELS), table).items():
+        (out / name).write_text(text)
+    launcher.compile_so(out, out / launcher.LIBRARY)
+    return table, Launcher(out / launcher.LIBRARY)
+
+
+def test_c_select_answers_as_python(table_launcher):
+    """gdn_aot_select, compiled from the same rows, picks the same row for every configuration and batch."""
+    table, lib = table_launcher
+    assert lib.lib.gdn_aot_dispatch_rows(None) == len(table)
+    configs = [("bf16", 128, 128, True, tr) for tr in (False, True)] + [("fp16", 128, 128, True, False),
+                                                                         ("bf16", 64, 64, True, False)]
+    for (dtype, K, V, varlen, tr), sm_count in itertools.product(configs, SMS):
+        for programs in range(0, 3 * sm_count, 7):
+            want = select(table, dtype, K, V, varlen, tr, programs, sm_count)
+            got = lib.select(dtype, K, V, varlen, tr, programs, sm_count)
+            if want is None:
+                assert got is None, (dtype, K, programs)
+                continue
+            assert got["shape_class"] == want["class"] and got["route"] == ROUTES[want["route"]].id
+            assert [got[h] for h in ("prepare", "scan", "fused")] == [
+                want["kernels"].get(k) for k in ("gdn_prepare", "gdn_scan", "gdn_fused")], (programs, sm_count)
