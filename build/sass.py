@@ -5,16 +5,18 @@ sm_90a HGMMA (wgmma), UTMALDG/UTMASTG (TMA), LDGSTS (cp.async), SYNCS (mbarrier)
 UTCHMMA/UTCQMMA (tcgen05 mma), LDTM/STTM (TMEM load/store), UTCBAR (tcgen05 commit); the slow path HMMA/FFMA;
 LDL/STL (local memory = spills), and LDL_in_loop/STL_in_loop: those inside a loop body (between a backward
 branch and its target), where a spill costs on every iteration.
-`resource_usage()` reads REG/STACK/SHARED/LOCAL from `cuobjdump -res-usage`.
+`resource_usage()` reads REG/STACK/SHARED/LOCAL from `cuobjdump -res-usage`; `ptxas_report()` re-assembles a PTX
+file with `ptxas -v` for the notes the cubin does not keep (wgmma serialised for lack of registers).
 """
 from __future__ import annotations
 
 import re
 import subprocess
+import tempfile
 from collections import Counter
 from pathlib import Path
 
-from .toolchain import nvidia_bin
+from .toolchain import nvidia_bin, ptxas_for
 
 FAMILIES = ("HGMMA", "UTMALDG", "UTMASTG", "LDGSTS", "SYNCS", "WARPGROUP", "UTCHMMA", "UTCQMMA", "LDTM", "STTM",
             "UTCBAR", "HMMA", "FFMA", "LDL", "STL")
@@ -62,6 +64,17 @@ def summary(cubin: Path, sass_text: str | None = None) -> dict:
     for fam in ("LDL", "STL"):
         out[f"{fam}_in_loop"] = sum(1 for at, op in insns if op == fam and any(a <= at <= b for a, b in loops))
     return out
+
+
+def ptxas_report(ptx: Path, arch: str) -> str:
+    """What `ptxas -v` says when it assembles the PTX for the arch (resources, and the performance notes, such as
+    wgmma serialised for lack of registers, that the cubin alone does not show)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        r = subprocess.run([str(ptxas_for(arch)), f"-arch={arch}", "-v", str(ptx), "-o", str(Path(tmp) / "k.cubin")],
+                           capture_output=True, text=True)
+    if r.returncode:
+        raise RuntimeError(f"ptxas failed on {ptx}: {r.stderr.strip()}")
+    return r.stdout + r.stderr
 
 
 def resource_usage(cubin: Path) -> dict:

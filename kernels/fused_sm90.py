@@ -1,29 +1,36 @@
-"""gdn_fused for Hopper (sm_90a): the whole forward in one warp-specialised kernel.
+"""gdn_fused for Hopper (sm_90a): the whole forward in one warp-specialised kernel (a preview: correct, not yet
+faster than gdn_prepare + gdn_scan; docs/performance.md has the measurements and what holds it back).
 
 One program per (sequence, value head) walks the sequence's 64-token chunks in order. q, k, v, g and beta are
 read once, o and the final state written once; A, its inverse, v_new and the state never leave the SM
-(docs/algorithm.md has the derivation). The state is held transposed, S = h^T [V, K] fp32, in the registers of
-two warpgroups (64 value rows each), so every product with it takes it as wgmma's register A operand and the
+(docs/algorithm.md, "The fused forward"). The state is held transposed, S = h^T [V, K] fp32, in the registers
+of two warpgroups (64 value rows each), so every product with it takes it as wgmma's register A operand and the
 state is never copied to shared memory. With rq, rk the inverse L2 norms of the q and k rows (1 without
 FUSED_L2NORM), gam = cumsum(g) and gl = gam of the chunk's last row:
-    A      = beta_t rk_t rk_s (k k^T)_ts e^(gam_t - gam_s),  s < t        (aux)
-    Tc     = (I + A)^-1                                                    (aux)
-    P      = scale rq_t rk_s (q k^T)_ts e^(gam_t - gam_s),   s <= t       (aux)
-    kh     = S k^T                                       [V, BT]          (state, critical path)
-    v_new  = (v^T diag(beta) - kh diag(beta e^gam rk)) Tc^T   [V, BT]     (state, critical path)
-    o      = (S q^T) diag(scale rq e^gam) + v_new P^T    [V, BT] = o^T    (state, beside the path)
-    S      = e^gl S + v_new diag(e^(gl - gam) rk) k      [V, K]           (state, critical path)
+    A      = beta_t rk_t rk_s (k k^T)_ts e^(gam_t - gam_s),  s < t                     (aux)
+    Tc     = (I + A)^-1;  Tv = Tc diag(beta),  Tk = -Tc diag(beta e^gam rk)            (aux)
+    P      = scale rq_t rk_s (q k^T)_ts e^(gam_t - gam_s),   s <= t                    (aux)
+    kh     = S k^T                                       [V, BT]    (state, critical path)
+    v_new  = v^T Tv^T + kh Tk^T                          [V, BT]    (state, critical path)
+    o      = (S q^T) diag(scale rq e^gam) + v_new P^T    [V, BT] = o^T   (state, beside the path)
+    S      = e^gl S + v_new diag(e^(gl - gam) rk) k      [V, K]     (state, critical path)
+The column scalings of v_new ride in the two copies of Tc, and v^T goes from its TMA tile straight into the
+tensor cores, so the state partition holds no per-column vectors while its products are in flight.
 Partitions, 16 warps (registers a thread by setmaxnreg; the kernel is compiled at 128, a full register file):
-  * state, the default partition: 2 warpgroups, STATE_REGS = (2048 - 4 * AUX_REGS - 4 * 24) / 8 = 192. The
-    state alone is 64 registers a thread; only S -> kh -> v_new -> S is serial from chunk to chunk;
-  * aux, 4 warps, AUX_REGS: everything about a chunk that does not depend on the state (k k^T and q k^T on
-    wgmma, the gates, the norms, the blocked tf32 inverse of gdn_prepare, P), up to NUM_SLOTS chunks ahead;
-  * load, 1 warp, 24 registers: TMA of the q, k, v tiles through per-sequence descriptors whose row bound is
-    the sequence's length, so a chunk's tail is zero-filled and never reads the next sequence.
-Each warp scheduler interleaves warps of the three roles, and the tensor cores serve the state and the aux
-warpgroups alternately. Rings (InputRing, GateRing, TermRing below): the inputs (q, k, v; ready when the TMA bytes land; empty when
-aux and state both released the slot) and the chunk terms (Tc, P, row scalings; aux -> state).
-Shared memory: inputs 2 x 48 KB, terms 2 x 17 KB, the inverse's two fp32 tiles 32 KB, o staging 2 x 16 KB.
+  * state, the default partition: 2 warpgroups, (2048 - 4 * AUX_REGS - 4 * LOAD_REGS) / 8 = 192 registers: S
+    alone is 64 a thread, its bf16 copy (the A operand of S k^T and S q^T) 32, each [V, BT] accumulator 32.
+    With fewer (an aux budget above 104), ptxas serialises every wgmma of the kernel (C7512), and it does the
+    same when S q^T is still in flight while v_new's products are issued: S k^T and S q^T are waited on together;
+  * aux, 4 warps (one diagonal 16 x 16 block of the inverse a warp), AUX_REGS: what a chunk needs that does not
+    depend on the state: k k^T and q k^T on wgmma, the decay matrix, P, the row scalings, Tc by the blocked tf32
+    inverse with its operands in three fp32 shared-memory tiles, up to NUM_SLOTS chunks ahead of the state;
+  * load, LOAD_WARPS warps at 24 registers: TMA of the q, k, v tiles through per-sequence descriptors whose row
+    bound is the sequence's length (a chunk's tail is zero-filled and never reads the next sequence), then, an
+    iteration later, the chunk's gates (gam = cumsum(g) by a warp scan) and the row norms of its q and k.
+Rings (InputRing, GateRing, TermRing below; each slot a ready and an empty mbarrier, SlotBarriers): the inputs
+(load -> aux and state), the gates (load -> aux) and the chunk terms (aux -> state).
+Shared memory (226 KB of the 227 KB a CTA may have): inputs 2 x 48 KB, terms 2 x 25 KB, the inverse's tiles
+48 KB, o staging 16 KB; one program an SM.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -293,7 +300,6 @@ def _aux_partition(inputs, gates, terms, inverse_tiles, q_desc, k_desc, v_desc, 
                    scale, flags):
     """The state-independent terms of every chunk (see the module docstring), into the terms ring."""
     BT: gl.constexpr = q_desc.block_type.shape[0]
-    K: gl.constexpr = q_desc.block_type.shape[1]
     dtype: gl.constexpr = q_desc.block_type.element_ty
     acc_tt: gl.constexpr = wgmma_layout(BT, BT, 4)
     rows: gl.constexpr = gl.SliceLayout(1, acc_tt)
@@ -352,7 +358,6 @@ def _state_partition(state, inputs, terms, o_desc, o_stage, seq_len):
     """The recurrence and the outputs (see the module docstring); returns the final state S = h^T."""
     BT: gl.constexpr = o_desc.block_type.shape[0]
     V: gl.constexpr = state.shape[0]
-    K: gl.constexpr = state.shape[1]
     dtype: gl.constexpr = o_desc.block_type.element_ty
     acc_vk: gl.constexpr = state.type.layout
     acc_vt: gl.constexpr = wgmma_layout(V, BT, STATE_WARPS)
@@ -371,7 +376,7 @@ def _state_partition(state, inputs, terms, o_desc, o_stage, seq_len):
         qh = warpgroup_mma(s_op, q_s.permute((1, 0)), gl.zeros([V, BT], gl.float32, acc_vt), use_acc=False,
                            is_async=True)
         terms.bars.wait_ready(c)
-        kh = warpgroup_mma_wait(1, deps=[kh])
+        kh, qh = warpgroup_mma_wait(0, deps=[kh, qh])
 
         # v_new = v^T (Tc diag(beta))^T + kh (-Tc diag(beta e^gam rk))^T: the column scalings ride in the two
         # copies of Tc, and v^T is read by the tensor cores straight from its TMA tile
@@ -379,7 +384,6 @@ def _state_partition(state, inputs, terms, o_desc, o_stage, seq_len):
                               gl.zeros([V, BT], gl.float32, acc_vt), use_acc=False, is_async=True)
         v_new = warpgroup_mma(gl.convert_layout(kh.to(dtype), op_vt), terms.tc_k.index(slot).permute((1, 0)), v_new,
                               is_async=True)
-        qh = warpgroup_mma_wait(1, deps=[qh])
         o = qh * gl.expand_dims(terms.scaling(c, O_SCALE).load(cols_vt), 0)
         v_scale = terms.scaling(c, V_SCALE).load(cols_vt)
         state_decay = gl.max(terms.scaling(c, STATE_SCALE).load(cols_vt), axis=0)

@@ -135,9 +135,13 @@ def test_shipped_specs_enumerate():
     assert {(v.kernel, v.BV, v.varlen) for v in ws} == {("gdn_scan", 32, True), ("gdn_scan", 64, True)}
     assert len(ws) == 8
     t = load_spec("tiny")  # a shipped spec by name
-    assert len(t.variants) == 8
-    assert {v.kernel for v in t.variants} == {"gdn_prepare", "gdn_scan"}
+    assert len(t.variants) == 12
+    assert {v.kernel for v in t.variants} == {"gdn_prepare", "gdn_scan", "gdn_fused"}
     assert sorted(v.transpose for v in t.for_arch("sm_90a") if v.kernel == "gdn_scan") == [False, False, True, True]
+    assert sorted(v.transpose for v in t.for_arch("sm_100a") if v.kernel == "gdn_fused") == [False, True]
+    f = load_spec(REPO / "specs" / "fused-preview.yaml")  # every configuration, the one-kernel route only
+    assert len(f.variants) == 16 and {v.kernel for v in f.variants} == {"gdn_fused"}
+    assert all(v.num_warps == 16 and v.BT == 64 for v in f.variants)
     assert {v.dtype for v in t.variants} == {"bf16"}
     prep = [v for v in q.variants if v.kernel == "gdn_prepare"]  # BV and transpose unused: their defaults
     assert all(v.BT == 64 and v.BK == 128 and v.BV == 128 and not v.transpose and v.num_warps == 4 for v in prep)
