@@ -55,8 +55,8 @@ from triton.language.core import _aggregate as aggregate
 
 from . import FUSED_HAS_H0 as _HAS_H0, FUSED_STORE_HT as _STORE_HT, FUSED_USE_INDICES as _USE_INDICES
 from .common import load_state_tile, row_tile_desc, sequence_bounds, state_io_layout, store_state_tile
-from .fused_sm90 import (BETA, K_SCALE, LOAD_REGS, LOAD_WARPS, NUM_SLOTS, O_SCALE, SCALINGS, STATE_SCALE, V_SCALE, GateRing,
-                         InputRing, SlotBarriers, TermRing, _load_partition)
+from .fused_sm90 import (BETA, K_SCALE, LOAD_REGS, LOAD_WARPS, NUM_SLOTS, O_SCALE, SCALINGS, STATE_SCALE, V_SCALE,
+                         GateRing, InputRing, SlotBarriers, TermRing, _load_partition, publish_row_scalings)
 from .prepare_sm100 import _unit_lower_inverse
 
 HAS_H0 = gl.constexpr(_HAS_H0)
@@ -130,27 +130,6 @@ def _tmem_operands_ready():
 
 
 @gluon.jit
-def _publish_row_scalings(terms, gates, c, gam_r, seq_len, scale, rows: gl.constexpr):
-    """The chunk's SCALINGS rows into the terms ring, from the gate ring (gam_r: gam in `rows`); returns the
-    row factors of P and A, scale rq and beta rk."""
-    BT: gl.constexpr = gam_r.shape[0]
-    slot = c % NUM_SLOTS
-    beta = gates.beta.index(slot).load(rows)
-    rq = gates.rq.index(slot).load(rows)
-    rk = gates.rk.index(slot).load(rows)
-    gam_last = gates.gam_last.index(slot).load(rows)
-    e_gam = gl.exp2(gam_r)
-    terms.scaling(c, BETA).store(beta)
-    terms.scaling(c, K_SCALE).store(beta * e_gam * rk)
-    # rows past the sequence's end get v_dec = 0, so they never reach the state
-    terms.scaling(c, V_SCALE).store(gl.where(gl.arange(0, BT, rows) < seq_len - c * BT,
-                                             gl.exp2(gam_last - gam_r) * rk, 0.0))
-    terms.scaling(c, O_SCALE).store(scale * rq * e_gam)
-    terms.scaling(c, STATE_SCALE).store(gl.exp2(gam_last))
-    return scale * rq, beta * rk
-
-
-@gluon.jit
 def _aux_partition(inputs, gates, terms, scratch, q_desc, k_desc, v_desc, g_head, beta_head, seq_len, HV, scale,
                    flags):
     """The state-independent terms of every chunk (see the module docstring), into the terms ring."""
@@ -185,7 +164,7 @@ def _aux_partition(inputs, gates, terms, scratch, q_desc, k_desc, v_desc, g_head
 
         # --- the row scalings and P go out first, so that only A is live through the inverse
         terms.bars.wait_empty(c)
-        p_rows, a_rows = _publish_row_scalings(terms, gates, c, gam_r, seq_len, scale, rows)
+        p_rows, a_rows = publish_row_scalings(terms, gates, c, gam_r, seq_len, scale, rows)
         terms.p.index(slot).store((qk * decay * gl.expand_dims(p_rows, 1)).to(dtype))
         a = gl.where(i > j, kk * decay * gl.expand_dims(a_rows, 1), 0.0)
         gates.bars.release(c)

@@ -254,6 +254,27 @@ def _load_partition(inputs, gates, terms, inverse_tiles, q_desc, k_desc, v_desc,
 
 
 @gluon.jit
+def publish_row_scalings(terms, gates, c, gam_r, seq_len, scale, rows: gl.constexpr):
+    """Chunk c's SCALINGS rows into the terms ring, from the gate ring (gam_r: gam in the `rows` layout); returns
+    the row factors of P and of A, scale rq and beta rk (both arches' aux partitions)."""
+    BT: gl.constexpr = gam_r.shape[0]
+    slot = c % NUM_SLOTS
+    beta = gates.beta.index(slot).load(rows)
+    rq = gates.rq.index(slot).load(rows)
+    rk = gates.rk.index(slot).load(rows)
+    gam_last = gates.gam_last.index(slot).load(rows)
+    e_gam = gl.exp2(gam_r)
+    terms.scaling(c, BETA).store(beta)
+    terms.scaling(c, K_SCALE).store(beta * e_gam * rk)
+    # rows past the sequence's end get v_dec = 0, so they never reach the state
+    terms.scaling(c, V_SCALE).store(gl.where(gl.arange(0, BT, rows) < seq_len - c * BT,
+                                             gl.exp2(gam_last - gam_r) * rk, 0.0))
+    terms.scaling(c, O_SCALE).store(scale * rq * e_gam)
+    terms.scaling(c, STATE_SCALE).store(gl.exp2(gam_last))
+    return scale * rq, beta * rk
+
+
+@gluon.jit
 def _tf32_product(a_tile, b_t_tile, acc, use_acc: gl.constexpr):
     """acc (+)= a b in tf32 on the tensor cores, both operands from shared memory: a row-major, b stored as its
     transpose (tf32 wgmma reads both operands K-major). The tiles were written by every warp of the partition:
@@ -328,19 +349,9 @@ def _aux_partition(inputs, gates, terms, inverse_tiles, q_desc, k_desc, v_desc, 
 
         # --- the row scalings and P go out first, so that only A is live through the inverse
         terms.bars.wait_empty(c)
-        beta = gates.beta.index(slot).load(rows)
-        rq = gates.rq.index(slot).load(rows)
-        rk = gates.rk.index(slot).load(rows)
-        gam_last = gates.gam_last.index(slot).load(rows)
-        e_gam = gl.exp2(gam_r)
-        terms.scaling(c, BETA).store(beta)
-        terms.scaling(c, K_SCALE).store(beta * e_gam * rk)
-        terms.scaling(c, V_SCALE).store(gl.where(gl.arange(0, BT, rows) < seq_len - c * BT,
-                                                 gl.exp2(gam_last - gam_r) * rk, 0.0))
-        terms.scaling(c, O_SCALE).store(scale * rq * e_gam)
-        terms.scaling(c, STATE_SCALE).store(gl.exp2(gam_last))
-        terms.p.index(slot).store((qk * decay * gl.expand_dims(scale * rq, 1)).to(dtype))
-        a = gl.where(i > j, kk * decay * gl.expand_dims(beta * rk, 1), 0.0)
+        p_rows, a_rows = publish_row_scalings(terms, gates, c, gam_r, seq_len, scale, rows)
+        terms.p.index(slot).store((qk * decay * gl.expand_dims(p_rows, 1)).to(dtype))
+        a = gl.where(i > j, kk * decay * gl.expand_dims(a_rows, 1), 0.0)
         gates.bars.release(c)
         # the fp32 operand tiles are picked by opaque indices: constant addresses would let the compiler hoist
         # every wgmma descriptor of the inverse out of the loop (registers)
