@@ -59,7 +59,7 @@ clean:
 	rm -rf $(OUT) dist .whl/gdn_aot-*.whl .venv-notriton
 	find . -path ./$(VENV) -prune -o -path ./.git -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 
-# make bench [BENCH_ARGS="--quick --out bench.json"]: gdn_aot vs fla on a CUDA GPU (bench/README.md).
+# make bench [BENCH_ARGS="--quick --out bench.json"]: gdn_aot against FlashInfer and fla on a CUDA GPU (bench/README.md).
 # Where gdn_aot is installed from the wheel instead, run it directly: python3 bench/bench.py [--out F] [--quick]
 .PHONY: bench
 bench: $(PROJECT_STAMP)

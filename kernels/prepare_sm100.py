@@ -1,6 +1,6 @@
 """gdn_prepare for Blackwell (sm_100a): everything about a chunk that does not depend on the state.
 
-Same algorithm, grid and outputs as prepare_sm90.py (steps 1-3 of docs/gdn-math.md). One program per
+Same algorithm, grid and outputs as prepare_sm90.py (steps 1-3 of docs/algorithm.md). One program per
 (chunk, key head), 4 warps: the key head's k is read (and, with flags & PREPARE_L2NORM, normalised, with the
 log inverse norms of its q and k rows kept in shared memory) once, then the HV / H value heads that share it
 are served in turn:
@@ -107,7 +107,7 @@ def _unit_lower_inverse(A, a_smem, bt_smem, acc_tmem, reg_layout: gl.constexpr, 
 def _serve_value_head(i_hv, j, v_phase, k_smem, v_smem, a_smem, bt_smem, row_vecs, v_bar, mma_bar, w_tmem, u_tmem,
                       v_desc, w_desc, u_desc, g, beta, gam, qg, kg, start, n_rows, HV,
                       K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr):
-    """Steps 1-3 of docs/gdn-math.md for value head i_hv (j-th of its key head's group) of the chunk, from the
+    """Steps 1-3 of docs/algorithm.md for value head i_hv (j-th of its key head's group) of the chunk, from the
     key head's k in k_smem (row_vecs: the key head's log q/k row norms in rows 0, 1; rows 2, 3 are this
     call's scratch). Every call commits mma_bar an even number of times (k k^T, the 4 products of the
     inverse, w and u), so each starts at phase 0. w and u are still being stored by TMA from a_smem / bt_smem

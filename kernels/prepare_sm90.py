@@ -2,7 +2,7 @@
 
 One program per (chunk, key head), 4 warps = one warpgroup issuing wgmma. The key head's k (and q, for its
 norms) are read and normalised once, then the HV / H value heads that share them are served in turn (steps 1-3
-of docs/gdn-math.md for each):
+of docs/algorithm.md for each):
     gam = cumsum(g)                                      (fp32, registers)
     A   = beta_i (k_i . k_j) exp(gam_i - gam_j), i > j   (k k^T: wgmma bf16 -> fp32 from the shared k tile)
     Tc  = (I + A)^-1 = (I - N)(I + N^2) D^-1             (blocked by 16 (_unit_lower_inverse): D = I + A's
@@ -84,7 +84,7 @@ def _store_rows(ptr, x, row0, n_rows, row_stride, layout: gl.constexpr):
 @gluon.jit
 def _serve_value_head(i_hv, k_smem, v, v_smem, tf32_smem, log_rq, log_rk, g, beta, w, u, gam, qg, kg, start,
                       n_rows, HV, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr):
-    """Steps 1-3 of docs/gdn-math.md for value head i_hv of the chunk, from the key head's k in k_smem."""
+    """Steps 1-3 of docs/algorithm.md for value head i_hv of the chunk, from the key head's k in k_smem."""
     dtype: gl.constexpr = v.dtype.element_ty
     num_warps: gl.constexpr = gl.num_warps()
     # layouts: wgmma accumulators for [BT, BT] and [BT, K|V] and their row/column slices; coalesced HBM tiles

@@ -1,6 +1,6 @@
 """gdn_scan for Blackwell (sm_100a): the state recurrence fused with the output of every chunk.
 
-Same algorithm, grid, flags and state handling as scan_sm90.py (steps 4-5 of docs/gdn-math.md). One program
+Same algorithm, grid, flags and state handling as scan_sm90.py (steps 4-5 of docs/algorithm.md). One program
 per (sequence, value head, V tile), 4 warps, walks the sequence's chunks in order:
     v_new = u - w h
     o     = scale (e^gam * (q h) + ((q k^T) . M) v_new)        M_ij = e^(gam_i - gam_j), i >= j

@@ -1,7 +1,7 @@
 """gdn_scan for Hopper (sm_90a): the state recurrence fused with the output of every chunk.
 
 One program per (sequence, value head, V tile) walks the sequence's chunks in order (steps 4-5 of
-docs/gdn-math.md) with the state h [K, BV] in fp32 registers (the wgmma accumulator layout):
+docs/algorithm.md) with the state h [K, BV] in fp32 registers (the wgmma accumulator layout):
     v_new = u - w h
     o     = scale (e^gam * (q h) + ((q k^T) . M) v_new)        M_ij = e^(gam_i - gam_j), i >= j
     h     = e^gam_last h + k^T (e^(gam_last - gam) v_new)

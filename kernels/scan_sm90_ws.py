@@ -1,14 +1,14 @@
 """gdn_scan for Hopper (sm_90a), warp-specialised: the state recurrence and the chunk outputs on separate warps.
 
-Same program, grid, arguments and math as scan_sm90.py (steps 4-5 of docs/gdn-math.md); one program per
+Same program, grid, arguments and math as scan_sm90.py (steps 4-5 of docs/algorithm.md); one program per
 (sequence, value head, V tile) walks the chunks in order. What a single warpgroup did in sequence is split
 between partitions that meet at mbarriers over two-slot shared-memory rings:
   * state (the default partition, 4 warps): h -> w h -> v_new = u - w h -> h = e^gam_last h + k^T v_dec.
     Only this chain is serial from chunk to chunk, and nothing else issues from its warps (~290 instructions
     a chunk, against ~1,050 for the single-warpgroup scan);
   * output (two partitions of 4 warps, even and odd chunks): q k^T masked by the decay, q h from the h slot the
-    state partition published, then o = scale e^gam (q h) + P v_new, out by TMA. One output partition took ~2 us
-    a chunk on the H200 (0.75 us of it the masked exponentials) against the state chain's ~1.0 us, so two
+    state partition published, then o = scale e^gam (q h) + P v_new, out by TMA. One output partition takes
+    about twice the state chain's time a chunk (docs/performance.md: the masked exponentials), so two
     alternate and chunk c's output overlaps the state steps of c + 1 and c + 2;
   * load (1 warp): TMA of q, k, w, u, two chunks ahead of their consumers.
 Each warp scheduler interleaves warps of all three instead of exposing every instruction's latency of one warp.

@@ -1,0 +1,141 @@
+"""Where gdn_fused's time goes: the sm_90a kernel and copies of it with one role reduced to its barrier protocol.
+
+Needs a Hopper GPU and triton 3.6.0 (this is a development tool: it JIT-compiles the checkout's kernels/, the same
+source the build compiles ahead of time). Run from the repository root:
+    python3 bench/fused_ablate.py [--check] [--cases 32x8192,1x65536]
+Variants (textual edits of a temporary copy of kernels/fused_sm90.py, never of the checkout):
+  fused       the kernel as it is
+  aux_stub    the aux partition publishes every chunk's terms at once: what is left is the state and load roles
+  state_stub  the state partition only waits and releases: what is left is the aux and load roles
+  no_inverse  the aux partition skips (I + A)^-1 (Tc = A): the inverse's share of the aux role
+--check first compares the kernel with the float64 token recurrence (small cases) and the fp32 chunked reference
+(large ones), as max |out - ref| / max |ref|. Times: CUDA events, median of 20 after 3 warm-up calls, outputs
+preallocated; ms.
+"""
+import argparse
+import importlib
+import itertools
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+
+import torch
+import torch.nn.functional as F
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "tests"))
+K = V = 128
+CASES = {"1x8192": ([8192], 32), "4x2048": ([2048] * 4, 32), "1x65536": ([65536], 32),
+         "32x8192": ([8192] * 32, 32), "hv64-8x8192": ([8192] * 8, 64)}
+
+
+def _cut(src, start, end, new):
+    a = src.index(start)
+    return src[:a] + new + src[src.index(end, a):]
+
+
+VARIANTS = {
+    "fused": lambda s: s,
+    "aux_stub": lambda s: _cut(
+        s, "        # --- k k^T and q k^T on the tensor cores", "        terms.bars.publish(c)",
+        "        inputs.bars.release(c)\n        gates.bars.wait_ready(c)\n        gates.bars.release(c)\n"
+        "        terms.bars.wait_empty(c)\n        fence_async_shared()\n"),
+    "state_stub": lambda s: _cut(
+        s, "        # kh = S k^T (critical path)", "        # o^T -> [BT, V] staging tile",
+        "        terms.bars.wait_ready(c)\n        inputs.bars.release(c)\n        terms.bars.release(c)\n"
+        "        o = gl.zeros([V, BT], gl.float32, acc_vt)\n"),
+    "no_inverse": lambda s: _cut(s, "        tc = _unit_lower_inverse(", "        tc_cols", "        tc = a\n"),
+}
+
+
+def load(name, edit):
+    """The checkout's kernels/ (with loader/, which it imports) as package gdn_<name>, fused_sm90.py edited."""
+    root = os.path.join(tempfile.gettempdir(), "gdn_fused_ablate", name)
+    pkg = os.path.join(root, f"gdn_{name}")
+    shutil.rmtree(root, ignore_errors=True)
+    shutil.copytree(os.path.join(REPO, "kernels"), os.path.join(pkg, "kernels"))
+    shutil.copytree(os.path.join(REPO, "loader"), os.path.join(pkg, "loader"))
+    open(os.path.join(pkg, "__init__.py"), "w").close()
+    path = os.path.join(pkg, "kernels", "fused_sm90.py")
+    with open(path) as f:
+        src = edit(f.read())
+    with open(path, "w") as f:
+        f.write(src)
+    sys.path.insert(0, root)
+    return importlib.import_module(f"gdn_{name}.kernels.fused_sm90").fused_kernel
+
+
+def inputs(lens, HV=32, H=16, dtype=torch.bfloat16, seed=0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    T = sum(lens)
+    q, k = (torch.randn(1, T, H, K, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
+    v = torch.randn(1, T, HV, V, device="cuda", dtype=dtype, generator=gen)
+    g = -F.softplus(torch.randn(1, T, HV, device="cuda", generator=gen))
+    beta = torch.rand(1, T, HV, device="cuda", generator=gen)
+    cu = torch.tensor([0, *itertools.accumulate(lens)], device="cuda", dtype=torch.int32)
+    h0 = torch.randn(len(lens), HV, K, V, device="cuda", generator=gen)
+    return q, k, v, g, beta, cu, h0
+
+
+def launch(kernel, q, k, v, g, beta, cu, h0, o, ht):
+    abi = importlib.import_module("gdn_fused.kernels")  # the flag bits, from the copy of the checkout
+    T, H, HV = q.shape[1], q.shape[2], v.shape[2]
+    flags = abi.FUSED_L2NORM | abi.FUSED_HAS_H0 | abi.FUSED_STORE_HT
+    kernel[(len(cu) - 1, HV, 1)](q, k, v, g, beta, cu, h0, ht, cu, o, K ** -0.5, T, H, HV, flags, K=K, V=V, BT=64,
+                                 IS_VARLEN=True, TRANSPOSE_STATE=False, num_warps=8, maxnreg=128)
+
+
+def check(kernel):
+    from reference import chunked_torch, recurrence_fp64, rel_max_err
+
+    for lens in ([1], [63], [65], [200], [5, 0, 64, 130, 0, 1], [1000, 37, 4096, 511, 2900]):
+        q, k, v, g, beta, cu, h0 = inputs(lens)
+        o, ht = torch.full_like(v, float("nan")), torch.full_like(h0, float("nan"))
+        launch(kernel, q, k, v, g, beta, cu, h0, o, ht)
+        if sum(lens) <= 1000:
+            args = [x[0].double().cpu().numpy() for x in (q, k, v, g, beta)]
+            ro, rh = (torch.from_numpy(x) for x in recurrence_fp64(*args, cu.tolist(), h0.double().cpu().numpy(),
+                                                                     l2norm=True))
+        else:
+            ro, rh = (x.cpu() for x in chunked_torch(q[0], k[0], v[0], g[0], beta[0], cu.tolist(), h0, l2norm=True))
+        print(f"  {str(lens):28s} o {rel_max_err(o[0].float().cpu(), ro):.2e}  ht {rel_max_err(ht.cpu(), rh):.2e}")
+
+
+def median_ms(fn, reps=20):
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--check", action="store_true", help="compare the kernel with the references first")
+    ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
+    args = ap.parse_args()
+    import triton
+
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    kernels = {name: load(name, edit) for name, edit in VARIANTS.items()}
+    if args.check:
+        check(kernels["fused"])
+    print("case".ljust(14) + "".join(n.rjust(12) for n in kernels))
+    for case in args.cases.split(","):
+        lens, HV = CASES[case]
+        q, k, v, g, beta, cu, h0 = inputs(lens, HV)
+        o, ht = torch.empty_like(v), torch.empty_like(h0)
+        row = [median_ms(lambda: launch(kern, q, k, v, g, beta, cu, h0, o, ht)) for kern in kernels.values()]
+        print(case.ljust(14) + "".join(f"{t:12.3f}" for t in row), flush=True)
+
+
+if __name__ == "__main__":
+    main()
