@@ -53,15 +53,14 @@ from triton.experimental.gluon.language.nvidia.blackwell import (TensorMemoryLay
                                                                   tensor_memory_descriptor, tma)
 from triton.language.core import _aggregate as aggregate
 
-from . import FUSED_HAS_H0 as _HAS_H0, FUSED_STORE_HT as _STORE_HT, FUSED_USE_INDICES as _USE_INDICES
-from .common import load_state_tile, row_tile_desc, sequence_bounds, state_io_layout, store_state_tile
-from .fused_sm90 import (BETA, K_SCALE, LOAD_REGS, LOAD_WARPS, NUM_SLOTS, O_SCALE, SCALINGS, STATE_SCALE, V_SCALE,
-                         GateRing, InputRing, SlotBarriers, TermRing, _load_partition, publish_row_scalings)
+from . import FUSED_HAS_H0 as _HAS_H0, FUSED_STORE_HT as _STORE_HT
+from .common import load_state_tile, sequence_bounds, state_io_layout, store_state_tile
+from .fused_sm90 import (LOAD_REGS, LOAD_WARPS, NUM_SLOTS, O_SCALE, STATE_SCALE, V_SCALE, _load_partition,
+                         chunk_decay, chunk_rings, head_tiles, publish_inverse, publish_row_scalings, state_slot)
 from .prepare_sm100 import _unit_lower_inverse
 
 HAS_H0 = gl.constexpr(_HAS_H0)
 STORE_HT = gl.constexpr(_STORE_HT)
-USE_INDICES = gl.constexpr(_USE_INDICES)
 
 AUX_REGS = gl.constexpr(184)
 STATE_WARPS = gl.constexpr(8)
@@ -153,11 +152,7 @@ def _aux_partition(inputs, gates, terms, scratch, q_desc, k_desc, v_desc, g_head
         tcgen05_commit(inputs.bars.empty.index(slot))
         gates.bars.wait_ready(c)
         gam_r = gates.gam.index(slot).load(rows)
-        # e^(gam_t - gam_s) rk_s on the causal triangle of live rows: the exponent is -inf elsewhere, never
-        # exp of a positive gam_t - gam_s (s > t), which can overflow
-        causal = (i >= j) & (i < seq_len - c * BT)
-        exponent = gl.expand_dims(gam_r, 1) - gl.expand_dims(gates.gam.index(slot).load(cols), 0)
-        decay = gl.exp2(gl.where(causal, exponent, -float("inf"))) * gl.expand_dims(gates.rk.index(slot).load(cols), 0)
+        decay = chunk_decay(gates, c, gam_r, i, j, seq_len - c * BT, cols)
         mbarrier.wait(scratch.bar, phase)
         kk = scratch.kk.load(reg_tt)
         qk = scratch.qk.load(reg_tt)
@@ -170,9 +165,7 @@ def _aux_partition(inputs, gates, terms, scratch, q_desc, k_desc, v_desc, g_head
         gates.bars.release(c)
         # kk's TMEM is the products' accumulator: every warp has read k k^T (the inverse starts with a barrier)
         tc, _ = _unit_lower_inverse(a, scratch.a_smem, scratch.bt_smem, scratch.kk, reg_tt, scratch.bar, phase ^ 1)
-        tc_cols: gl.constexpr = gl.SliceLayout(0, tc.type.layout)
-        terms.tc_v.index(slot).store((tc * gl.expand_dims(terms.scaling(c, BETA).load(tc_cols), 0)).to(dtype))
-        terms.tc_k.index(slot).store((tc * gl.expand_dims(-terms.scaling(c, K_SCALE).load(tc_cols), 0)).to(dtype))
+        publish_inverse(terms, c, tc, dtype)
         fence_async_shared()
         terms.bars.publish(c)
 
@@ -272,42 +265,18 @@ def fused_kernel(q, k, v, g, beta, cu_seqlens, h0, ht, state_indices, o, scale, 
                    allocate_tensor_memory(gl.float32, [V, BT], tm_vt),
                    allocate_tensor_memory(gl.float32, [V, BT], tm_vt), state_bars)
 
-    # --- the state S = h^T [V, K] into TMEM: slot i_n, or the caller's pool slot; a negative slot starts from
-    # zero and is not written
+    # --- the state S = h^T [V, K] into TMEM
     reg_vk: gl.constexpr = get_tmem_reg_layout(gl.float32, [V, K], tm_vk, num_warps)
     io: gl.constexpr = state_io_layout(K, V, TRANSPOSE_STATE, num_warps)
-    slot = i_n
-    if flags & USE_INDICES:
-        slot = gl.load(state_indices + i_n)
+    slot = state_slot(i_n, state_indices, flags)
     h = load_state_tile(h0, slot, i_hv, 0, HV, ((flags & HAS_H0) != 0) & (slot >= 0), K, V, V, TRANSPOSE_STATE, io)
     st.s.store(gl.convert_layout(gl.permute(h, [1, 0]), reg_vk))
 
-    # --- per-sequence TMA descriptors (row bound = seq_len) and the sequence's gate columns of this value head
-    row0 = bos.to(gl.int64)
-    q_desc = row_tile_desc(q + row0 * H * K + i_h * K, H * K, seq_len, BT, K)
-    k_desc = row_tile_desc(k + row0 * H * K + i_h * K, H * K, seq_len, BT, K)
-    v_desc = row_tile_desc(v + row0 * HV * V + i_hv * V, HV * V, seq_len, BT, V)
-    o_desc = row_tile_desc(o + row0 * HV * V + i_hv * V, HV * V, seq_len, BT, V)
-    g_head = g + row0 * HV + i_hv
-    beta_head = beta + row0 * HV + i_hv
-
-    # --- shared memory: the rings, the aux's scratch, the output staging tiles
-    tile_tt: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], dtype)
+    q_desc, k_desc, v_desc, o_desc, g_head, beta_head = head_tiles(q, k, v, o, g, beta, bos, seq_len, i_h, i_hv, H,
+                                                                   HV, K, V, BT)
+    # --- shared memory: the rings (the state's MMAs empty an input slot), the aux's scratch, the output staging
+    inputs, gates, terms = chunk_rings(q_desc, k_desc, v_desc)
     f32_tt: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], gl.float32)
-    plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])  # rows of [BT] vectors
-    inputs = InputRing(gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, K], q_desc.layout),
-                       gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, K], k_desc.layout),
-                       gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, V], v_desc.layout),
-                       SlotBarriers.make(1, 2))  # emptied by the aux's and the state's MMAs
-    gates = GateRing(gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain),
-                     gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain),
-                     gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain),
-                     gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain),
-                     gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain), SlotBarriers.make(1, 1))
-    terms = TermRing(gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, BT], tile_tt),
-                     gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, BT], tile_tt),
-                     gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, BT], tile_tt),
-                     gl.allocate_shared_memory(gl.float32, [NUM_SLOTS * SCALINGS, BT], plain), SlotBarriers.make(1, 1))
     aux_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     mbarrier.init(aux_bar.index(0), count=1)
     scratch = AuxScratch(allocate_tensor_memory(gl.float32, [BT, BT], tm_tt),

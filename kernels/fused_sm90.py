@@ -275,6 +275,27 @@ def publish_row_scalings(terms, gates, c, gam_r, seq_len, scale, rows: gl.conste
 
 
 @gluon.jit
+def chunk_decay(gates, c, gam_r, i, j, n_rows, cols: gl.constexpr):
+    """e^(gam_t - gam_s) rk_s of chunk c on the causal triangle of its live rows (t >= s, t < n_rows), else 0;
+    gam_r and the row indices i in the rows layout, the column indices j in `cols`. The exponent is -inf off the
+    triangle, so exp is never taken of a positive gam_t - gam_s (s > t), which can overflow."""
+    slot = c % NUM_SLOTS
+    causal = (i >= j) & (i < n_rows)
+    exponent = gl.expand_dims(gam_r, 1) - gl.expand_dims(gates.gam.index(slot).load(cols), 0)
+    return gl.exp2(gl.where(causal, exponent, -float("inf"))) * gl.expand_dims(gates.rk.index(slot).load(cols), 0)
+
+
+@gluon.jit
+def publish_inverse(terms, c, tc, dtype: gl.constexpr):
+    """Tv = Tc diag(beta) and Tk = -Tc diag(beta e^gam rk) of chunk c into the terms ring (the column scalings
+    from the chunk's BETA and K_SCALE rows, which publish_row_scalings wrote)."""
+    slot = c % NUM_SLOTS
+    cols: gl.constexpr = gl.SliceLayout(0, tc.type.layout)
+    terms.tc_v.index(slot).store((tc * gl.expand_dims(terms.scaling(c, BETA).load(cols), 0)).to(dtype))
+    terms.tc_k.index(slot).store((tc * gl.expand_dims(-terms.scaling(c, K_SCALE).load(cols), 0)).to(dtype))
+
+
+@gluon.jit
 def _tf32_product(a_tile, b_t_tile, acc, use_acc: gl.constexpr):
     """acc (+)= a b in tf32 on the tensor cores, both operands from shared memory: a row-major, b stored as its
     transpose (tf32 wgmma reads both operands K-major). The tiles were written by every warp of the partition:
@@ -339,11 +360,7 @@ def _aux_partition(inputs, gates, terms, inverse_tiles, q_desc, k_desc, v_desc, 
         gam_r = gates.gam.index(slot).load(rows)
         i = gl.expand_dims(gl.arange(0, BT, rows), 1)
         j = gl.expand_dims(gl.arange(0, BT, cols), 0)
-        # e^(gam_t - gam_s) rk_s on the causal triangle of live rows: the exponent is -inf elsewhere, never
-        # exp of a positive gam_t - gam_s (s > t), which can overflow
-        causal = (i >= j) & (i < seq_len - c * BT)
-        exponent = gl.expand_dims(gam_r, 1) - gl.expand_dims(gates.gam.index(slot).load(cols), 0)
-        decay = gl.exp2(gl.where(causal, exponent, -float("inf"))) * gl.expand_dims(gates.rk.index(slot).load(cols), 0)
+        decay = chunk_decay(gates, c, gam_r, i, j, seq_len - c * BT, cols)
         kk, qk = warpgroup_mma_wait(0, deps=[kk, qk])
         inputs.bars.release(c)
 
@@ -357,9 +374,7 @@ def _aux_partition(inputs, gates, terms, inverse_tiles, q_desc, k_desc, v_desc, 
         # every wgmma descriptor of the inverse out of the loop (registers)
         tc = _unit_lower_inverse(a, inverse_tiles.index(loop_variant(0, c)), inverse_tiles.index(loop_variant(1, c)),
                                  inverse_tiles.index(loop_variant(2, c)))
-        tc_cols: gl.constexpr = gl.SliceLayout(0, tc.type.layout)
-        terms.tc_v.index(slot).store((tc * gl.expand_dims(terms.scaling(c, BETA).load(tc_cols), 0)).to(dtype))
-        terms.tc_k.index(slot).store((tc * gl.expand_dims(-terms.scaling(c, K_SCALE).load(tc_cols), 0)).to(dtype))
+        publish_inverse(terms, c, tc, dtype)
         fence_async_shared()
         terms.bars.publish(c)
 
@@ -421,6 +436,54 @@ def _state_partition(state, inputs, terms, o_desc, o_stage, seq_len):
 
 
 @gluon.jit
+def state_slot(i_n, state_indices, flags):
+    """Sequence i_n's state slot: i_n, or the caller's pool slot (a negative one starts from zero and is not
+    written)."""
+    slot = i_n
+    if flags & USE_INDICES:
+        slot = gl.load(state_indices + i_n)
+    return slot
+
+
+@gluon.jit
+def head_tiles(q, k, v, o, g, beta, bos, seq_len, i_h, i_hv, H, HV, K: gl.constexpr, V: gl.constexpr,
+               BT: gl.constexpr):
+    """The program's TMA descriptors over its sequence's q, k (key head i_h), v and o (value head i_hv) rows, with
+    the sequence's length as row bound (a chunk's tail is zero-filled on load and clipped on store, never the next
+    sequence's rows), and its g and beta columns."""
+    row0 = bos.to(gl.int64)
+    q_desc = row_tile_desc(q + row0 * H * K + i_h * K, H * K, seq_len, BT, K)
+    k_desc = row_tile_desc(k + row0 * H * K + i_h * K, H * K, seq_len, BT, K)
+    v_desc = row_tile_desc(v + row0 * HV * V + i_hv * V, HV * V, seq_len, BT, V)
+    o_desc = row_tile_desc(o + row0 * HV * V + i_hv * V, HV * V, seq_len, BT, V)
+    return q_desc, k_desc, v_desc, o_desc, g + row0 * HV + i_hv, beta + row0 * HV + i_hv
+
+
+@gluon.jit
+def chunk_rings(q_desc, k_desc, v_desc):
+    """The inputs ring (emptied by the aux and the state partition), the gate ring and the terms ring."""
+    dtype: gl.constexpr = q_desc.block_type.element_ty
+    BT: gl.constexpr = q_desc.block_type.shape[0]
+    K: gl.constexpr = q_desc.block_type.shape[1]
+    V: gl.constexpr = v_desc.block_type.shape[1]
+    tile_tt: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], dtype)
+    plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])  # rows of [BT] vectors
+    inputs = InputRing(gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, K], q_desc.layout),
+                       gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, K], k_desc.layout),
+                       gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, V], v_desc.layout), SlotBarriers.make(1, 2))
+    gates = GateRing(gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain),
+                     gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain),
+                     gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain),
+                     gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain),
+                     gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain), SlotBarriers.make(1, 1))
+    terms = TermRing(gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, BT], tile_tt),
+                     gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, BT], tile_tt),
+                     gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, BT], tile_tt),
+                     gl.allocate_shared_memory(gl.float32, [NUM_SLOTS * SCALINGS, BT], plain), SlotBarriers.make(1, 1))
+    return inputs, gates, terms
+
+
+@gluon.jit
 def fused_kernel(q, k, v, g, beta, cu_seqlens, h0, ht, state_indices, o, scale, T, H, HV, flags,
                  K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, IS_VARLEN: gl.constexpr,
                  TRANSPOSE_STATE: gl.constexpr, num_warps: gl.constexpr):
@@ -432,41 +495,17 @@ def fused_kernel(q, k, v, g, beta, cu_seqlens, h0, ht, state_indices, o, scale, 
     i_h = i_hv // (HV // H)
     bos, seq_len = sequence_bounds(i_n, cu_seqlens, T, IS_VARLEN)
 
-    # --- the state S = h^T [V, K] in the wgmma accumulator layout of two warpgroups: slot i_n, or the caller's
-    # pool slot; a negative slot starts from zero and is not written
+    # --- the state S = h^T [V, K] in the wgmma accumulator layout of two warpgroups
     acc_vk: gl.constexpr = wgmma_layout(V, K, num_warps)
     io: gl.constexpr = state_io_layout(K, V, TRANSPOSE_STATE, num_warps)
-    slot = i_n
-    if flags & USE_INDICES:
-        slot = gl.load(state_indices + i_n)
+    slot = state_slot(i_n, state_indices, flags)
     h = load_state_tile(h0, slot, i_hv, 0, HV, ((flags & HAS_H0) != 0) & (slot >= 0), K, V, V, TRANSPOSE_STATE, io)
     state = gl.convert_layout(gl.permute(h, [1, 0]), acc_vk)
 
-    # --- per-sequence TMA descriptors (row bound = seq_len) and the sequence's gate columns of this value head
-    row0 = bos.to(gl.int64)
-    q_desc = row_tile_desc(q + row0 * H * K + i_h * K, H * K, seq_len, BT, K)
-    k_desc = row_tile_desc(k + row0 * H * K + i_h * K, H * K, seq_len, BT, K)
-    v_desc = row_tile_desc(v + row0 * HV * V + i_hv * V, HV * V, seq_len, BT, V)
-    o_desc = row_tile_desc(o + row0 * HV * V + i_hv * V, HV * V, seq_len, BT, V)
-    g_head = g + row0 * HV + i_hv
-    beta_head = beta + row0 * HV + i_hv
-
-    # --- shared memory: the two rings, the inverse's fp32 operand tiles, the output staging tiles
-    tile_tt: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], dtype)
-    plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])  # rows of [BT] vectors
-    inputs = InputRing(gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, K], q_desc.layout),
-                       gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, K], k_desc.layout),
-                       gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, V], v_desc.layout),
-                       SlotBarriers.make(1, 2))  # released by aux and state
-    gates = GateRing(gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain),
-                     gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain),
-                     gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain),
-                     gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain),
-                     gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain), SlotBarriers.make(1, 1))
-    terms = TermRing(gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, BT], tile_tt),
-                     gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, BT], tile_tt),
-                     gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, BT], tile_tt),
-                     gl.allocate_shared_memory(gl.float32, [NUM_SLOTS * SCALINGS, BT], plain), SlotBarriers.make(1, 1))
+    q_desc, k_desc, v_desc, o_desc, g_head, beta_head = head_tiles(q, k, v, o, g, beta, bos, seq_len, i_h, i_hv, H,
+                                                                   HV, K, V, BT)
+    # --- shared memory: the three rings, the inverse's fp32 operand tiles, the output staging tile
+    inputs, gates, terms = chunk_rings(q_desc, k_desc, v_desc)
     inverse_tiles = gl.allocate_shared_memory(gl.float32, [3, BT, BT],
                                               gl.NVMMASharedLayout.get_default_for([BT, BT], gl.float32))
     o_stage = gl.allocate_shared_memory(dtype, [BT, V], o_desc.layout)
