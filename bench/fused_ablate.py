@@ -9,15 +9,14 @@ Variants (textual edits of a temporary copy of kernels/fused_sm90.py, never of t
   state_stub  the state partition only waits and releases: what is left is the aux and load roles
   no_inverse  the aux partition skips (I + A)^-1 (Tc = A): the inverse's share of the aux role
 --check first compares the kernel with the float64 token recurrence (small cases) and the fp32 chunked reference
-(large ones), as max |out - ref| / max |ref|. Times: CUDA events, median of 20 after 3 warm-up calls, outputs
-preallocated; ms.
+(large ones; tests/reference.py), as max |out - ref| / max |ref|. Times: CUDA events, median of 20 after 3 warm-up
+calls, outputs preallocated; ms.
 """
 import argparse
 import importlib
 import itertools
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 
@@ -26,6 +25,7 @@ import torch.nn.functional as F
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests"))
+from timing import timed  # noqa: E402  (bench/, the script's own folder)
 K = V = 128
 CASES = {"1x8192": ([8192], 32), "4x2048": ([2048] * 4, 32), "1x65536": ([65536], 32),
          "32x8192": ([8192] * 32, 32), "hv64-8x8192": ([8192] * 8, 64)}
@@ -88,33 +88,14 @@ def launch(kernel, q, k, v, g, beta, cu, h0, o, ht):
 
 
 def check(kernel):
-    from reference import chunked_torch, recurrence_fp64, rel_max_err
+    from reference import reference_outputs, rel_max_err
 
     for lens in ([1], [63], [65], [200], [5, 0, 64, 130, 0, 1], [1000, 37, 4096, 511, 2900]):
         q, k, v, g, beta, cu, h0 = inputs(lens)
         o, ht = torch.full_like(v, float("nan")), torch.full_like(h0, float("nan"))
         launch(kernel, q, k, v, g, beta, cu, h0, o, ht)
-        if sum(lens) <= 1000:
-            args = [x[0].double().cpu().numpy() for x in (q, k, v, g, beta)]
-            ro, rh = (torch.from_numpy(x) for x in recurrence_fp64(*args, cu.tolist(), h0.double().cpu().numpy(),
-                                                                     l2norm=True))
-        else:
-            ro, rh = (x.cpu() for x in chunked_torch(q[0], k[0], v[0], g[0], beta[0], cu.tolist(), h0, l2norm=True))
+        ro, rh = reference_outputs(q, k, v, g, beta, cu.tolist(), h0, True)
         print(f"  {str(lens):28s} o {rel_max_err(o[0].float().cpu(), ro):.2e}  ht {rel_max_err(ht.cpu(), rh):.2e}")
-
-
-def median_ms(fn, reps=20):
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
 
 
 def main():
@@ -133,7 +114,8 @@ def main():
         lens, HV = CASES[case]
         q, k, v, g, beta, cu, h0 = inputs(lens, HV)
         o, ht = torch.empty_like(v), torch.empty_like(h0)
-        row = [median_ms(lambda: launch(kern, q, k, v, g, beta, cu, h0, o, ht)) for kern in kernels.values()]
+        row = [timed(lambda: launch(kern, q, k, v, g, beta, cu, h0, o, ht), 20, warmup=3)[0]
+               for kern in kernels.values()]
         print(case.ljust(14) + "".join(f"{t:12.3f}" for t in row), flush=True)
 
 

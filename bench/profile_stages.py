@@ -9,29 +9,15 @@ variant is fastest per shape class (the input for the spec's dispatch table). H=
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
 
 from gdn_aot.kernels import PREPARE_L2NORM, SCAN_HAS_H0, SCAN_STORE_HT
 from gdn_aot.loader.runtime import Artifacts
+from timing import timed
 
 H, HV, K, V, BT = 16, 32, 128, 128, 64
 FLOP_PER_TOKEN_HEAD = 183e3
-
-
-def timed(fn, reps):
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times), min(times)
 
 
 def profile(case: str, reps: int):

@@ -3,7 +3,9 @@
 - recurrence_fp64: the token recurrence in float64 numpy: the ground truth.
 - chunked_fp64: the chunked equations in float64 numpy (tests check it equals the recurrence to 1e-12).
 - chunked_torch: the chunked equations in torch at fp32 (fast enough for 64K-token GPU checks), same math.
-All take packed varlen inputs (B = 1 folded away): q, k [T, H, K], v [T, HV, V], g, beta [T, HV],
+- reference_outputs: for torch inputs [B, T, ...], the one of the two that fits the problem's size (the GPU tests,
+  bench/fused_ablate.py).
+The others take packed varlen inputs (B = 1 folded away): q, k [T, H, K], v [T, HV, V], g, beta [T, HV],
 cu_seqlens [N + 1], h0 [N, HV, K, V] or None; return o [T, HV, V], ht [N, HV, K, V].
 """
 from __future__ import annotations
@@ -109,6 +111,20 @@ def chunked_torch(q, k, v, g, beta, cu_seqlens, h0=None, scale=None, l2norm=Fals
             h = torch.exp(gam[:, -1])[:, None, None] * h + kc.transpose(1, 2) @ (torch.exp(gam[:, -1:] - gam)[..., None] * v_new)
         ht[s] = h
     return o, ht
+
+
+def reference_outputs(q, k, v, g, beta, cu_list, h0, l2norm):
+    """(o, final state) on the CPU for torch inputs [B, T, ...] (B folded into T): recurrence_fp64 for small problems,
+    chunked_torch on the inputs' device for large ones."""
+    import torch
+
+    flat = [x.reshape(-1, *x.shape[2:]) for x in (q, k, v, g, beta)]
+    if flat[0].shape[0] * v.shape[2] <= 8192:
+        args = [x.double().cpu().numpy() for x in flat]
+        o, ht = recurrence_fp64(*args, cu_list, None if h0 is None else h0.double().cpu().numpy(), l2norm=l2norm)
+        return torch.from_numpy(o), torch.from_numpy(ht)
+    o, ht = chunked_torch(*flat, cu_list, h0, l2norm=l2norm)
+    return o.cpu(), ht.cpu()
 
 
 def rel_max_err(x, ref):

@@ -15,7 +15,7 @@ import sys
 import pytest
 import torch
 
-from reference import chunked_torch, recurrence_fp64, rel_max_err
+from reference import reference_outputs, rel_max_err
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -41,17 +41,6 @@ def make_inputs(lens, H, HV, dtype, g_range=(-1.0, 0.0), l2norm=True, batch=None
     cu = None if batch else torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda",
                                          dtype=torch.int32)
     return q.to(dtype), k.to(dtype), v.to(dtype), g, beta, cu
-
-
-def reference(q, k, v, g, beta, cu_list, h0, l2norm):
-    """fp64 token recurrence on the CPU for small problems, fp32 chunked form on the GPU for large ones."""
-    flat = [x.reshape(-1, *x.shape[2:]) for x in (q, k, v, g, beta)]
-    if flat[0].shape[0] * v.shape[2] <= 8192:
-        args = [x.double().cpu().numpy() for x in flat]
-        o, ht = recurrence_fp64(*args, cu_list, None if h0 is None else h0.double().cpu().numpy(), l2norm=l2norm)
-        return torch.from_numpy(o), torch.from_numpy(ht)
-    o, ht = chunked_torch(*flat, cu_list, h0, l2norm=l2norm)
-    return o.cpu(), ht.cpu()
 
 
 def fla_forward(q, k, v, g, beta, h0, cu, l2norm):
@@ -89,7 +78,7 @@ def run_case(name, lens, H=2, HV=4, dtype=torch.bfloat16, g_range=(-1.0, 0.0), l
     for before, after in zip(originals, (q, k, v, g, beta, *(t for t in (cu, h0_in) if t is not None))):
         assert torch.equal(before, after), f"{name}: an input was modified"
     assert torch.isfinite(o).all(), f"{name}: NaN/Inf (or unwritten rows) in o"
-    ref_o, ref_ht = reference(q, k, v, g, beta, cu_list, h0, l2norm)
+    ref_o, ref_ht = reference_outputs(q, k, v, g, beta, cu_list, h0, l2norm)
     o_err = rel_max_err(o.float().reshape(ref_o.shape).cpu(), ref_o)
     ht_err = None
     if final:
@@ -220,7 +209,7 @@ def test_state_pool_in_place():
     torch.cuda.synchronize()
     assert ht is pool
     h0 = torch.stack([before[4], torch.zeros_like(before[0]), before[1]])
-    ref_o, ref_ht = reference(q, k, v, g, beta, cu.tolist(), h0, True)
+    ref_o, ref_ht = reference_outputs(q, k, v, g, beta, cu.tolist(), h0, True)
     assert rel_max_err(o.float().reshape(ref_o.shape).cpu(), ref_o) <= TOL[torch.bfloat16]
     assert rel_max_err(pool[4].cpu(), ref_ht[0]) <= TOL[torch.bfloat16]
     assert rel_max_err(pool[1].cpu(), ref_ht[2]) <= TOL[torch.bfloat16]

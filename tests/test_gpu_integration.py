@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from test_gpu_forward import TOL, make_inputs, reference
-from reference import rel_max_err
+from test_gpu_forward import TOL, make_inputs
+from reference import reference_outputs, rel_max_err
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -31,7 +31,7 @@ def test_cuda_graph_capture_and_replay_with_new_data():
             dst.copy_(src)
         graph.replay()
         torch.cuda.synchronize()
-        ref_o, ref_ht = reference(q, k, v, g, beta, cu.tolist(), h0, True)
+        ref_o, ref_ht = reference_outputs(q, k, v, g, beta, cu.tolist(), h0, True)
         assert rel_max_err(o.float().reshape(ref_o.shape).cpu(), ref_o) <= TOL[torch.bfloat16]
         assert rel_max_err(ht.cpu(), ref_ht) <= TOL[torch.bfloat16]
 
