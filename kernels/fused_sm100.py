@@ -56,7 +56,8 @@ from triton.language.core import _aggregate as aggregate
 from . import FUSED_HAS_H0 as _HAS_H0, FUSED_STORE_HT as _STORE_HT
 from .common import load_state_tile, sequence_bounds, state_io_layout, store_state_tile
 from .fused_sm90 import (LOAD_REGS, LOAD_WARPS, NUM_SLOTS, O_SCALE, STATE_SCALE, V_SCALE, _load_partition,
-                         chunk_decay, chunk_rings, head_tiles, publish_inverse, publish_row_scalings, state_slot)
+                         chunk_decay, chunk_rings, head_tiles, publish_inverse, publish_row_norms, publish_row_scalings,
+                         state_slot)
 from .prepare_sm100 import _unit_lower_inverse
 
 HAS_H0 = gl.constexpr(_HAS_H0)
@@ -141,21 +142,28 @@ def _aux_partition(inputs, gates, terms, scratch, q_desc, k_desc, v_desc, g_head
     j = gl.expand_dims(gl.arange(0, BT, cols), 0)
     for c in range(gl.cdiv(seq_len, BT)):
         slot = c % NUM_SLOTS
-        phase = c & 1  # scratch.bar completes five times a chunk: k k^T with q k^T, then the inverse's four
-        # --- k k^T and q k^T on the tensor cores while the decay matrix is computed; the input slot goes back
-        # to the load warp as soon as they have read it
+        # scratch.bar completes six times a chunk (the Gram products, q k^T, the inverse's four): each chunk
+        # starts at phase 0
+        # --- k k^T and q q^T (in q k^T's columns): the inverse row norms from their diagonals
         inputs.bars.wait_ready(c)
+        q_s = inputs.q.index(slot)
         k_s = inputs.k.index(slot)
         tcgen05_mma(k_s, k_s.permute((1, 0)), scratch.kk, use_acc=False)
-        tcgen05_mma(inputs.q.index(slot), k_s.permute((1, 0)), scratch.qk, use_acc=False)
+        tcgen05_mma(q_s, q_s.permute((1, 0)), scratch.qk, use_acc=False)
+        tcgen05_commit(scratch.bar)
+        gates.bars.wait_ready(c)
+        mbarrier.wait(scratch.bar, 0)
+        publish_row_norms(gates, c, scratch.qk.load(reg_tt), scratch.kk.load(reg_tt), i, j, flags)
+        # --- q k^T while the decay matrix is computed; the input slot goes back to the load warp once it is read
+        _tmem_operands_ready()
+        tcgen05_mma(q_s, k_s.permute((1, 0)), scratch.qk, use_acc=False)
         tcgen05_commit(scratch.bar)
         tcgen05_commit(inputs.bars.empty.index(slot))
-        gates.bars.wait_ready(c)
         gam_r = gates.gam.index(slot).load(rows)
         decay = chunk_decay(gates, c, gam_r, i, j, seq_len - c * BT, cols)
-        mbarrier.wait(scratch.bar, phase)
-        kk = scratch.kk.load(reg_tt)
+        mbarrier.wait(scratch.bar, 1)
         qk = scratch.qk.load(reg_tt)
+        kk = scratch.kk.load(reg_tt)  # again: k k^T stays in TMEM, its registers were not kept across the norms
 
         # --- the row scalings and P go out first, so that only A is live through the inverse
         terms.bars.wait_empty(c)
@@ -164,7 +172,7 @@ def _aux_partition(inputs, gates, terms, scratch, q_desc, k_desc, v_desc, g_head
         a = gl.where(i > j, kk * decay * gl.expand_dims(a_rows, 1), 0.0)
         gates.bars.release(c)
         # kk's TMEM is the products' accumulator: every warp has read k k^T (the inverse starts with a barrier)
-        tc, _ = _unit_lower_inverse(a, scratch.a_smem, scratch.bt_smem, scratch.kk, reg_tt, scratch.bar, phase ^ 1)
+        tc, _ = _unit_lower_inverse(a, scratch.a_smem, scratch.bt_smem, scratch.kk, reg_tt, scratch.bar, 0)
         publish_inverse(terms, c, tc, dtype)
         fence_async_shared()
         terms.bars.publish(c)

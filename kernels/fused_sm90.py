@@ -1,5 +1,5 @@
-"""gdn_fused for Hopper (sm_90a): the whole forward in one warp-specialised kernel (a preview: correct, not yet
-faster than gdn_prepare + gdn_scan; docs/performance.md has the measurements and what holds it back).
+"""gdn_fused for Hopper (sm_90a): the whole forward in one warp-specialised kernel (docs/performance.md has its
+times, and where the two-kernel route is still faster).
 
 One program per (sequence, value head) walks the sequence's 64-token chunks in order. q, k, v, g and beta are
 read once, o and the final state written once; A, its inverse, v_new and the state never leave the SM
@@ -21,16 +21,21 @@ Partitions, 16 warps (registers a thread by setmaxnreg; the kernel is compiled a
     alone is 64 a thread, its bf16 copy (the A operand of S k^T and S q^T) 32, each [V, BT] accumulator 32.
     With fewer (an aux budget above 104), ptxas serialises every wgmma of the kernel (C7512), and it does the
     same when S q^T is still in flight while v_new's products are issued: S k^T and S q^T are waited on together;
-  * aux, 4 warps (one diagonal 16 x 16 block of the inverse a warp), AUX_REGS: what a chunk needs that does not
-    depend on the state: k k^T and q k^T on wgmma, the decay matrix, P, the row scalings, Tc by the blocked tf32
-    inverse with its operands in three fp32 shared-memory tiles, up to NUM_SLOTS chunks ahead of the state;
+  * aux, one warpgroup, AUX_REGS: what a chunk needs that does not depend on the state, up to NUM_SLOTS chunks
+    ahead of it: k k^T, q q^T and q k^T on wgmma (the row norms are the Gram matrices' diagonals), the decay
+    matrix, P, the row scalings, and Tc by the blocked inverse: ten fp16 wgmma whose A operands are registers
+    (the accumulator's own, converted in place) or a staged tile, their B operands staged fp16 tiles. Its
+    products run one at a time: two in flight with a register A operand beside them need more registers than
+    the partition has, and ptxas then serialises every wgmma of the kernel (C7512);
   * load, LOAD_WARPS warps at 24 registers: TMA of the q, k, v tiles through per-sequence descriptors whose row
-    bound is the sequence's length (a chunk's tail is zero-filled and never reads the next sequence), then, an
-    iteration later, the chunk's gates (gam = cumsum(g) by a warp scan) and the row norms of its q and k.
+    bound is the sequence's length (a chunk's tail is zero-filled and never reads the next sequence), and the
+    chunk's gates (gam = cumsum(g) by a warp scan), published as soon as its tiles are requested: nothing the
+    load partition does waits for the state partition beyond the input slot itself.
 Rings (InputRing, GateRing, TermRing below; each slot a ready and an empty mbarrier, SlotBarriers): the inputs
-(load -> aux and state), the gates (load -> aux) and the chunk terms (aux -> state).
-Shared memory (226 KB of the 227 KB a CTA may have): inputs 2 x 48 KB, terms 2 x 25 KB, the inverse's tiles
-48 KB, o staging 16 KB; one program an SM.
+(load -> aux and state), the gates (load -> aux; the aux partition adds the row norms) and the chunk terms
+(aux -> state).
+Shared memory (210 KB of the 227 KB a CTA may have): inputs 2 x 48 KB, terms 2 x 25 KB, the inverse's five fp16
+tiles 40 KB, o staging 16 KB; one program an SM.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -40,7 +45,7 @@ from triton.language.core import _aggregate as aggregate
 
 from . import FUSED_HAS_H0 as _HAS_H0, FUSED_L2NORM as _L2NORM, FUSED_STORE_HT as _STORE_HT
 from . import FUSED_USE_INDICES as _USE_INDICES
-from .common import (diagonal_block_inverses, load_state_tile, loop_variant, row_tile_desc, sequence_bounds,
+from .common import (load_state_tile, loop_variant, row_tile_desc, sequence_bounds,
                      state_io_layout, store_state_tile, wgmma_layout)
 
 L2NORM = gl.constexpr(_L2NORM)
@@ -185,22 +190,6 @@ def _add(a, b):
 
 
 @gluon.jit
-def _inverse_row_norms(tile, out, L2: gl.constexpr):
-    """out = 1 / sqrt(sum(x^2) + 1e-6) of each row of the [BT, K] shared tile (fla's l2norm), or 1 without L2;
-    a few rows at a time, so that the load partition's few registers suffice."""
-    BT: gl.constexpr = tile.shape[0]
-    ROWS: gl.constexpr = 8  # the row period of the tile's 128-byte swizzle: a slice may not split it
-    layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [gl.num_warps(), 1], [1, 0])
-    for r in gl.static_range(BT // ROWS):
-        if L2:
-            x = tile.slice(r * ROWS, ROWS).load(layout).to(gl.float32)
-            norms = 1.0 / gl.sqrt(gl.sum(x * x, axis=1) + 1e-6)
-        else:
-            norms = gl.full([ROWS], 1.0, gl.float32, gl.SliceLayout(1, layout))
-        out.slice(r * ROWS, ROWS).store(norms)
-
-
-@gluon.jit
 def _gate_rows(g_head, beta_head, c, seq_len, HV, BT: gl.constexpr, layout: gl.constexpr):
     """g (in log2 units) and beta of chunk c's rows; 0 past the sequence's end, so gam stays flat there."""
     r = gl.arange(0, BT, layout)
@@ -210,47 +199,36 @@ def _gate_rows(g_head, beta_head, c, seq_len, HV, BT: gl.constexpr, layout: gl.c
 
 
 @gluon.jit
-def _publish_gates(inputs, gates, c, g, beta, flags):
-    """gam = cumsum(g), beta, gam_last and the row norms of chunk c's q and k (once its tiles have landed)."""
+def _publish_gates(gates, c, g, beta):
+    """gam = cumsum(g), beta and gam_last of chunk c into the gate ring."""
     slot = c % NUM_SLOTS
     gates.bars.wait_empty(c)
     gates.gam.index(slot).store(gl.associative_scan(g, 0, _add))
     gates.beta.index(slot).store(beta)
     gates.gam_last.index(slot).store(gl.zeros_like(g) + gl.sum(g, axis=0))
-    if flags & L2NORM:
-        inputs.bars.wait_ready(c)
-        _inverse_row_norms(inputs.q.index(slot), gates.rq.index(slot), True)
-        _inverse_row_norms(inputs.k.index(slot), gates.rk.index(slot), True)
-    else:
-        _inverse_row_norms(inputs.q.index(slot), gates.rq.index(slot), False)
-        _inverse_row_norms(inputs.k.index(slot), gates.rk.index(slot), False)
     gates.bars.publish(c)
 
 
 @gluon.jit
 def _load_partition(inputs, gates, terms, inverse_tiles, q_desc, k_desc, v_desc, g_head, beta_head, seq_len, HV,
                     scale, flags):
-    """TMA of the q, k, v tiles; the gates of each chunk and the row norms of its q and k, into the gate ring.
-    Software-pipelined: chunk c's tiles are requested before chunk c - 1's gates are worked out, and the gate
-    rows are read from HBM an iteration before they are used, so neither latency is in series with the other."""
+    """TMA of the q, k, v tiles, then the chunk's gates into the gate ring. The gate rows are read from HBM a
+    chunk ahead, so their latency is not in series with the next slot's wait."""
     BT: gl.constexpr = q_desc.block_type.shape[0]
     nbytes: gl.constexpr = q_desc.block_type.nbytes + k_desc.block_type.nbytes + v_desc.block_type.nbytes
     # every warp holds all BT rows, so the cumsum is a warp-level scan
     rows: gl.constexpr = gl.BlockedLayout([BT // 32], [32], [gl.num_warps()], [0])
-    n_chunks = gl.cdiv(seq_len, BT)
     g, beta = _gate_rows(g_head, beta_head, 0, seq_len, HV, BT, rows)
-    for c in range(n_chunks + 1):
-        if c < n_chunks:
-            slot = c % NUM_SLOTS
-            inputs.bars.wait_empty(c)
-            ready = inputs.bars.ready_bar(c)
-            mbarrier.expect(ready, nbytes)
-            tma.async_copy_global_to_shared(q_desc, [c * BT, 0], ready, inputs.q.index(slot))
-            tma.async_copy_global_to_shared(k_desc, [c * BT, 0], ready, inputs.k.index(slot))
-            tma.async_copy_global_to_shared(v_desc, [c * BT, 0], ready, inputs.v.index(slot))
-        if c > 0:
-            _publish_gates(inputs, gates, c - 1, g, beta, flags)
-            g, beta = _gate_rows(g_head, beta_head, c, seq_len, HV, BT, rows)
+    for c in range(gl.cdiv(seq_len, BT)):
+        slot = c % NUM_SLOTS
+        inputs.bars.wait_empty(c)
+        ready = inputs.bars.ready_bar(c)
+        mbarrier.expect(ready, nbytes)
+        tma.async_copy_global_to_shared(q_desc, [c * BT, 0], ready, inputs.q.index(slot))
+        tma.async_copy_global_to_shared(k_desc, [c * BT, 0], ready, inputs.k.index(slot))
+        tma.async_copy_global_to_shared(v_desc, [c * BT, 0], ready, inputs.v.index(slot))
+        _publish_gates(gates, c, g, beta)
+        g, beta = _gate_rows(g_head, beta_head, c + 1, seq_len, HV, BT, rows)
 
 
 @gluon.jit
@@ -296,45 +274,75 @@ def publish_inverse(terms, c, tc, dtype: gl.constexpr):
 
 
 @gluon.jit
-def _tf32_product(a_tile, b_t_tile, acc, use_acc: gl.constexpr):
-    """acc (+)= a b in tf32 on the tensor cores, both operands from shared memory: a row-major, b stored as its
-    transpose (tf32 wgmma reads both operands K-major). The tiles were written by every warp of the partition:
-    fence them for the tensor cores' (async) proxy, then wait for all warps."""
+def _stage(tile, x):
+    """x -> the fp16 shared tile the next products read as their B operand; fenced for the tensor cores' (async)
+    proxy, then every warp of the partition waits for the others' stores."""
+    tile.store(x.to(gl.float16))
     fence_async_shared()
     gl.thread_barrier()
-    return warpgroup_mma(a_tile, b_t_tile.permute((1, 0)), acc, use_acc=use_acc)
 
 
 @gluon.jit
-def _unit_lower_inverse(A, t0, t1, t2):
-    """(I + A)^-1 for strictly lower-triangular A [BT, BT] (BT = 64), in the tf32 wgmma accumulator layout, blocked
-    by 16: I + A = D (I + N), D = I + A's diagonal 16 x 16 blocks, N = D^-1 L with L A's strictly block-lower
-    part; N^4 = 0, so (I + A)^-1 = (I - N)(I + N^2) D^-1 (docs/algorithm.md). D^-1 on warp-level tf32 MMAs
-    (common.diagonal_block_inverses), then four 64x64x64 tf32 wgmma whose operands all sit in the fp32 tiles
-    t0, t1, t2: nothing but one accumulator is live in registers (register operands would need layout shuffles
-    and registers this partition does not have)."""
-    BT: gl.constexpr = A.shape[0]
-    BLOCK: gl.constexpr = 16
-    layout: gl.constexpr = wgmma_layout(BT, BT, gl.num_warps(), 32)  # the tf32 accumulator (instruction K = 8)
-    A = gl.convert_layout(A, layout)
-    i = gl.expand_dims(gl.arange(0, BT, gl.SliceLayout(1, layout)), 1)
-    j = gl.expand_dims(gl.arange(0, BT, gl.SliceLayout(0, layout)), 0)
-    t1.store(gl.permute(gl.where((i // BLOCK) > (j // BLOCK), A, 0.0), [1, 0]))
-    t0.store(diagonal_block_inverses(A, BLOCK))
-    n = _tf32_product(t0, t1, gl.zeros([BT, BT], gl.float32, layout), use_acc=False)  # N = D^-1 L
+def _product(a, b_tile, acc, use_acc: gl.constexpr):
+    """acc (+)= a b on the tensor cores, issued asynchronously: a fp32 in the accumulator layout, passed as the fp16
+    register A operand (the same registers, no shuffle), b the staged fp16 tile [K, N]."""
+    a_op: gl.constexpr = gl.DotOperandLayout(0, acc.type.layout, 2)
+    return warpgroup_mma(gl.convert_layout(a.to(gl.float16), a_op), b_tile, acc, use_acc=use_acc, is_async=True)
+
+
+@gluon.jit
+def _unit_lower_inverse(lb_tile, l_tile, even_tile, odd_tile, d_tile, diagonal, zero):
+    """(I + A)^-1 for strictly lower-triangular A [BT, BT] (BT = 64), blocked by 16 (docs/algorithm.md): I + A =
+    D (I + N) with D = I + Lb, Lb the diagonal 16 x 16 blocks of A and L the rest, N = D^-1 L, N^4 = 0.
+    lb_tile and l_tile hold Lb and L (fp16, staged); `diagonal` is the mask i == j in the accumulator layout.
+    Ten fp16 wgmma (fp16 has tf32's 10-bit mantissa; the entries stay far inside its range: |Lb^8| <= C(14, 7) = 3432
+    for |A| <= 1: unit keys, beta <= 1), accumulation in fp32, one at a time:
+        D^-1 = (I - Lb)(I + Lb^2)(I + Lb^4)(I + Lb^8)      (Lb^16 = 0)
+        N = D^-1 L;  W = (I - N) D^-1;  Tc = W + N^2 W
+    A power times itself reads both operands from its staged tile. A tile is rewritten at least two stages after
+    its last read, so the barrier of the stage in between orders every warp's wgmma wait before the store."""
+    lb = lb_tile.load(zero.type.layout).to(gl.float32)
+    d_inv = gl.where(diagonal, 1.0, -lb)
+    power = warpgroup_mma(lb_tile, lb_tile, zero, use_acc=False, is_async=True)
+    power = warpgroup_mma_wait(0, deps=[power])
+    for r in gl.static_range(3):  # power = Lb^(2^(r+1))
+        if r % 2 == 0:
+            tile = even_tile
+        else:
+            tile = odd_tile
+        _stage(tile, power)
+        d_inv = _product(d_inv, tile, d_inv, use_acc=True)
+        d_inv = warpgroup_mma_wait(0, deps=[d_inv])
+        if r < 2:
+            power = warpgroup_mma(tile, tile, zero, use_acc=False, is_async=True)
+            power = warpgroup_mma_wait(0, deps=[power])
+    _stage(d_tile, d_inv)
+    n = warpgroup_mma(d_tile, l_tile, zero, use_acc=False, is_async=True)
+    n = warpgroup_mma_wait(0, deps=[n])
+    _stage(even_tile, n)
+    n2 = warpgroup_mma(even_tile, even_tile, zero, use_acc=False, is_async=True)
+    n2 = warpgroup_mma_wait(0, deps=[n2])
+    w = _product(gl.where(diagonal, 1.0 - n, -n), d_tile, zero, use_acc=False)
+    w = warpgroup_mma_wait(0, deps=[w])
+    _stage(odd_tile, w)
+    tc = _product(n2, odd_tile, w, use_acc=True)
+    return warpgroup_mma_wait(0, deps=[tc])
+
+
+@gluon.jit
+def publish_row_norms(gates, c, qq, kk, i, j, flags):
+    """rq and rk of chunk c into its gate slot: 1 / sqrt(|x_t|^2 + 1e-6) of each q and k row t (fla's l2norm),
+    read off the diagonals of the Gram matrices q q^T and k k^T, which the tensor cores compute anyway (1
+    without FUSED_L2NORM). Both arches' aux partitions; every warp of it has stored its rows on return."""
+    slot = c % NUM_SLOTS
+    rows: gl.constexpr = gl.SliceLayout(1, kk.type.layout)
+    if flags & L2NORM:
+        gates.rq.index(slot).store(1.0 / gl.sqrt(gl.sum(gl.where(i == j, qq, 0.0), axis=1) + 1e-6))
+        gates.rk.index(slot).store(1.0 / gl.sqrt(gl.sum(gl.where(i == j, kk, 0.0), axis=1) + 1e-6))
+    else:
+        gates.rq.index(slot).store(gl.full([kk.shape[0]], 1.0, gl.float32, rows))
+        gates.rk.index(slot).store(gl.full([kk.shape[0]], 1.0, gl.float32, rows))
     gl.thread_barrier()
-    t2.store(n)
-    t1.store(gl.permute(n, [1, 0]))
-    n2 = _tf32_product(t2, t1, gl.zeros([BT, BT], gl.float32, layout), use_acc=False)  # N^2
-    gl.thread_barrier()
-    one_minus_n = gl.where(i == j, 1.0, 0.0) - n
-    t2.store(one_minus_n)
-    t1.store(gl.permute(n2, [1, 0]))
-    series = _tf32_product(t2, t1, one_minus_n, use_acc=True)  # (I - N)(I + N^2)
-    gl.thread_barrier()
-    t2.store(series)
-    t1.store(t0.permute((1, 0)).load(layout))  # D^-1, transposed
-    return _tf32_product(t2, t1, gl.zeros([BT, BT], gl.float32, layout), use_acc=False)
 
 
 @gluon.jit
@@ -346,34 +354,41 @@ def _aux_partition(inputs, gates, terms, inverse_tiles, q_desc, k_desc, v_desc, 
     acc_tt: gl.constexpr = wgmma_layout(BT, BT, 4)
     rows: gl.constexpr = gl.SliceLayout(1, acc_tt)
     cols: gl.constexpr = gl.SliceLayout(0, acc_tt)
+    i = gl.expand_dims(gl.arange(0, BT, rows), 1)
+    j = gl.expand_dims(gl.arange(0, BT, cols), 0)
+    zero = gl.zeros([BT, BT], gl.float32, acc_tt)
     for c in range(gl.cdiv(seq_len, BT)):
         slot = c % NUM_SLOTS
         inputs.bars.wait_ready(c)
         q_s = inputs.q.index(slot)
         k_s = inputs.k.index(slot)
-        # --- k k^T and q k^T on the tensor cores while the decay matrix is computed
-        kk = warpgroup_mma(k_s, k_s.permute((1, 0)), gl.zeros([BT, BT], gl.float32, acc_tt), use_acc=False,
-                           is_async=True)
-        qk = warpgroup_mma(q_s, k_s.permute((1, 0)), gl.zeros([BT, BT], gl.float32, acc_tt), use_acc=False,
-                           is_async=True)
+        # --- k k^T, and the inverse row norms of k and q from the diagonals of k k^T and q q^T
+        kk = warpgroup_mma(k_s, k_s.permute((1, 0)), zero, use_acc=False, is_async=True)
         gates.bars.wait_ready(c)
-        gam_r = gates.gam.index(slot).load(rows)
-        i = gl.expand_dims(gl.arange(0, BT, rows), 1)
-        j = gl.expand_dims(gl.arange(0, BT, cols), 0)
-        decay = chunk_decay(gates, c, gam_r, i, j, seq_len - c * BT, cols)
-        kk, qk = warpgroup_mma_wait(0, deps=[kk, qk])
-        inputs.bars.release(c)
+        kk = warpgroup_mma_wait(0, deps=[kk])
+        publish_row_norms(gates, c, warpgroup_mma(q_s, q_s.permute((1, 0)), zero, use_acc=False), kk, i, j, flags)
 
-        # --- the row scalings and P go out first, so that only A is live through the inverse
+        # --- the row scalings, A and its two parts, then P: only the decay matrix is live beside one product
         terms.bars.wait_empty(c)
+        gam_r = gates.gam.index(slot).load(rows)
         p_rows, a_rows = publish_row_scalings(terms, gates, c, gam_r, seq_len, scale, rows)
-        terms.p.index(slot).store((qk * decay * gl.expand_dims(p_rows, 1)).to(dtype))
-        a = gl.where(i > j, kk * decay * gl.expand_dims(a_rows, 1), 0.0)
+        decay = chunk_decay(gates, c, gam_r, i, j, seq_len - c * BT, cols)
         gates.bars.release(c)
-        # the fp32 operand tiles are picked by opaque indices: constant addresses would let the compiler hoist
-        # every wgmma descriptor of the inverse out of the loop (registers)
-        tc = _unit_lower_inverse(a, inverse_tiles.index(loop_variant(0, c)), inverse_tiles.index(loop_variant(1, c)),
-                                 inverse_tiles.index(loop_variant(2, c)))
+        a = gl.where(i > j, kk * decay * gl.expand_dims(a_rows, 1), 0.0)
+        in_block = (i // 16) == (j // 16)
+        lb_tile = inverse_tiles.index(loop_variant(0, c))
+        l_tile = inverse_tiles.index(loop_variant(1, c))
+        lb_tile.store(gl.where(in_block, a, 0.0).to(gl.float16))
+        l_tile.store(gl.where(in_block, 0.0, a).to(gl.float16))
+        qk = warpgroup_mma(q_s, k_s.permute((1, 0)), zero, use_acc=False)
+        inputs.bars.release(c)
+        terms.p.index(slot).store((qk * decay * gl.expand_dims(p_rows, 1)).to(dtype))
+        fence_async_shared()
+        gl.thread_barrier()
+
+        tc = _unit_lower_inverse(lb_tile, l_tile, inverse_tiles.index(loop_variant(2, c)),
+                                 inverse_tiles.index(loop_variant(3, c)), inverse_tiles.index(loop_variant(4, c)),
+                                 i == j, zero)
         publish_inverse(terms, c, tc, dtype)
         fence_async_shared()
         terms.bars.publish(c)
@@ -506,8 +521,8 @@ def fused_kernel(q, k, v, g, beta, cu_seqlens, h0, ht, state_indices, o, scale, 
                                                                    HV, K, V, BT)
     # --- shared memory: the three rings, the inverse's fp32 operand tiles, the output staging tile
     inputs, gates, terms = chunk_rings(q_desc, k_desc, v_desc)
-    inverse_tiles = gl.allocate_shared_memory(gl.float32, [3, BT, BT],
-                                              gl.NVMMASharedLayout.get_default_for([BT, BT], gl.float32))
+    inverse_tiles = gl.allocate_shared_memory(gl.float16, [5, BT, BT],
+                                              gl.NVMMASharedLayout.get_default_for([BT, BT], gl.float16))
     o_stage = gl.allocate_shared_memory(dtype, [BT, V], o_desc.layout)
 
     worker_args = (inputs, gates, terms, inverse_tiles, q_desc, k_desc, v_desc, g_head, beta_head, seq_len, HV, scale,

@@ -15,10 +15,11 @@ REQUIRED = [
     ("sm_90a", "gdn_fused", ("HGMMA", "UTMALDG", "UTMASTG", "SYNCS", "WARPGROUP")),
     ("sm_100a", "gdn_fused", ("UTCHMMA", "LDTM", "STTM", "UTMALDG", "UTMASTG", "SYNCS")),
 ]
-# mma.sync (HMMA, the pre-Hopper path) only where it is meant: gdn_prepare and gdn_fused's aux partition invert the
-# chunk's four 16 x 16 diagonal blocks with warp-level tf32 MMAs, one block a warp (3 squaring rounds x 2 products
-# x 4 m16n8k8); every other product runs on wgmma (HGMMA) or tcgen05 (UTCHMMA).
-EXPECTED_HMMA = {"gdn_prepare": 24, "gdn_scan": 0, "gdn_fused": 24}
+# mma.sync (HMMA, the pre-Hopper path) only where it is meant: gdn_prepare (both arches) and the sm_100a gdn_fused's
+# aux partition invert the chunk's four 16 x 16 diagonal blocks with warp-level tf32 MMAs, one block a warp (3
+# squaring rounds x 2 products x 4 m16n8k8); the sm_90a gdn_fused inverts on wgmma; every other product runs on
+# wgmma (HGMMA) or tcgen05 (UTCHMMA).
+EXPECTED_HMMA = {"gdn_prepare": 24, "gdn_scan": 0, "gdn_fused": 24, ("sm_90a", "gdn_fused"): 0}
 # known gaps of the kernels as written today; strict=False so a fixed kernel shows up as XPASS (then drop it)
 KNOWN_GAPS = {
     ("sm_90a", "gdn_prepare", "UTMALDG"): "prepare_sm90 loads k, q into registers (their norms) and v by cp.async "
@@ -38,7 +39,8 @@ def _cases():
 def test_hardware_path(tiny_build, arch, kernel, family):
     for key, e in tiny_build.require(arch, kernel).items():
         assert e["sass"][family] > 0, f"{key}: no {family} in its SASS ({e['sass']})"
-        assert e["sass"]["HMMA"] == EXPECTED_HMMA[kernel], f"{key}: HMMA (the pre-Hopper tensor-core path) count"
+        expected = EXPECTED_HMMA.get((arch, kernel), EXPECTED_HMMA[kernel])
+        assert e["sass"]["HMMA"] == expected, f"{key}: HMMA (the pre-Hopper tensor-core path) count"
 
 
 @pytest.mark.parametrize("arch", ["sm_100a"])
@@ -50,7 +52,7 @@ def test_blackwell_kernels_use_tensor_memory(tiny_build, arch, kernel):
 
 SPILL_GAPS = {
     ("sm_90a", "gdn_fused"): "the fused kernel's aux partition runs at 104 registers (more would starve the state "
-                             "partition, and ptxas then serialises every wgmma): about 100 local-memory loads a chunk",
+                             "partition, and ptxas then serialises every wgmma): about 30 local-memory loads a chunk",
 }
 
 
