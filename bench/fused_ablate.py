@@ -39,12 +39,13 @@ def _cut(src, start, end, new):
 VARIANTS = {
     "fused": lambda s: s,
     "aux_stub": lambda s: _cut(
-        s, "        # --- k k^T, and the inverse row norms", "        terms.bars.publish(c)",
+        s, "        # --- k k^T, and the inverse norms of the k rows", "        terms.bars.publish(c)",
         "        inputs.bars.release(c)\n        gates.bars.wait_ready(c)\n        gates.bars.release(c)\n"
         "        terms.bars.wait_empty(c)\n        fence_async_shared()\n"),
     "state_stub": lambda s: _cut(
         s, "        # kh = S k^T (critical path)", "        # o^T -> [BT, V] staging tile",
         "        terms.bars.wait_ready(c)\n        inputs.bars.release(c)\n        terms.bars.release(c)\n"
+        "        terms.rq_bars.wait_ready(c)\n        terms.rq_bars.release(c)\n"
         "        o = gl.zeros([V, BT], gl.float32, acc_vt)\n"),
     "no_inverse": lambda s: _cut(s, "        tc = _unit_lower_inverse(", "        publish_inverse(", "        tc = a\n"),
 }

@@ -9,10 +9,10 @@ other [V, BT] A operands (kh, v_new, v_dec) go the same way. With rq, rk the inv
 (1 without FUSED_L2NORM), gam = cumsum(g) and gl = gam of the chunk's last row:
     A      = beta_t rk_t rk_s (k k^T)_ts e^(gam_t - gam_s),  s < t                          (aux)
     Tc     = (I + A)^-1;  Tv = Tc diag(beta),  Tk = -Tc diag(beta e^gam rk)                 (aux)
-    P      = scale rq_t rk_s (q k^T)_ts e^(gam_t - gam_s),   s <= t                         (aux)
+    P      = scale rk_s (q k^T)_ts e^(gam_t - gam_s),        s <= t                         (aux)
     kh     = S k^T                                       [V, BT]     (state, critical path)
     v_new  = v^T Tv^T + kh Tk^T                          [V, BT]     (state, critical path)
-    o      = (S q^T) diag(scale rq e^gam) + v_new P^T    [V, BT] = o^T   (state, beside the path)
+    o      = ((S q^T) diag(scale e^gam) + v_new P^T) diag(rq)    [V, BT] = o^T   (state, beside the path)
     S      = e^gl S + v_new diag(e^(gl - gam) rk) k      [V, K]      (state, critical path)
 S, kh, v_new, v_dec = v_new diag(...), Tv, Tk and P enter the products in the input dtype, every product
 accumulates in fp32, the inverse is tf32, S stays fp32.
@@ -28,7 +28,8 @@ default warps at 128 registers a thread, a full register file, and setmaxnreg mo
     NUM_SLOTS chunks ahead of the state;
   * load, 4 warps, 24 registers: fused_sm90.py's load partition as it is: TMA of the q, k, v tiles through
     per-sequence descriptors whose row bound is the sequence's length (a chunk's tail is zero-filled, never the
-    next sequence's rows), the gates and row norms into the gate ring.
+    next sequence's rows), the gates into the gate ring, rq into the terms ring (the aux partition reads rk off
+    the diagonal of k k^T).
 Units: TMA (UTMALDG) fills the input ring and o leaves by TMA store (UTMASTG) through a two-tile staging buffer;
 the tensor cores run every product as tcgen05 MMAs (UTCHMMA: M = 128 on the state side, M = 64 for the aux's
 [BT, BT] products; the diagonal blocks of the inverse are warp-level mma.sync, HMMA) from shared memory and TMEM
@@ -54,10 +55,10 @@ from triton.experimental.gluon.language.nvidia.blackwell import (TensorMemoryLay
 from triton.language.core import _aggregate as aggregate
 
 from . import FUSED_HAS_H0 as _HAS_H0, FUSED_STORE_HT as _STORE_HT
-from .common import load_state_tile, sequence_bounds, state_io_layout, store_state_tile
-from .fused_sm90 import (LOAD_REGS, LOAD_WARPS, NUM_SLOTS, O_SCALE, STATE_SCALE, V_SCALE, _load_partition,
-                         chunk_decay, chunk_rings, head_tiles, publish_inverse, publish_row_norms, publish_row_scalings,
-                         state_slot)
+from .common import load_state_tile, loop_variant, sequence_bounds, state_io_layout, store_state_tile
+from .fused_sm90 import (LOAD_REGS, LOAD_WARPS, NUM_SLOTS, O_SCALE, STATE_SCALE, V_SCALE,
+                         _load_partition, chunk_decay, chunk_rings, head_tiles, publish_inverse, publish_key_norms,
+                         publish_row_scalings, state_slot)
 from .prepare_sm100 import _unit_lower_inverse
 
 HAS_H0 = gl.constexpr(_HAS_H0)
@@ -138,41 +139,37 @@ def _aux_partition(inputs, gates, terms, scratch, q_desc, k_desc, v_desc, g_head
     reg_tt: gl.constexpr = get_tmem_reg_layout(gl.float32, [BT, BT], scratch.kk.type.layout, gl.num_warps())
     rows: gl.constexpr = gl.SliceLayout(1, reg_tt)
     cols: gl.constexpr = gl.SliceLayout(0, reg_tt)
-    i = gl.expand_dims(gl.arange(0, BT, rows), 1)
-    j = gl.expand_dims(gl.arange(0, BT, cols), 0)
     for c in range(gl.cdiv(seq_len, BT)):
         slot = c % NUM_SLOTS
-        # scratch.bar completes six times a chunk (the Gram products, q k^T, the inverse's four): each chunk
-        # starts at phase 0
-        # --- k k^T and q q^T (in q k^T's columns): the inverse row norms from their diagonals
+        # the row and column indices, recomputed every chunk (an opaque 0 keeps the compiler from hoisting them
+        # out of the loop: held across it, they are spilled and reloaded instead)
+        i = gl.expand_dims(gl.arange(0, BT, rows), 1) + loop_variant(0, c)
+        j = gl.expand_dims(gl.arange(0, BT, cols), 0) + loop_variant(0, c)
+        phase = c & 1  # scratch.bar completes five times a chunk: k k^T with q k^T, then the inverse's four
+        # --- k k^T and q k^T on the tensor cores; the input slot goes back to the load warp as soon as they have
+        # read it; rk from the diagonal of k k^T, then the decay matrix
         inputs.bars.wait_ready(c)
-        q_s = inputs.q.index(slot)
         k_s = inputs.k.index(slot)
         tcgen05_mma(k_s, k_s.permute((1, 0)), scratch.kk, use_acc=False)
-        tcgen05_mma(q_s, q_s.permute((1, 0)), scratch.qk, use_acc=False)
-        tcgen05_commit(scratch.bar)
-        gates.bars.wait_ready(c)
-        mbarrier.wait(scratch.bar, 0)
-        publish_row_norms(gates, c, scratch.qk.load(reg_tt), scratch.kk.load(reg_tt), i, j, flags)
-        # --- q k^T while the decay matrix is computed; the input slot goes back to the load warp once it is read
-        _tmem_operands_ready()
-        tcgen05_mma(q_s, k_s.permute((1, 0)), scratch.qk, use_acc=False)
+        tcgen05_mma(inputs.q.index(slot), k_s.permute((1, 0)), scratch.qk, use_acc=False)
         tcgen05_commit(scratch.bar)
         tcgen05_commit(inputs.bars.empty.index(slot))
+        gates.bars.wait_ready(c)
+        mbarrier.wait(scratch.bar, phase)
+        publish_key_norms(gates, c, scratch.kk.load(reg_tt), i, j, flags)
         gam_r = gates.gam.index(slot).load(rows)
         decay = chunk_decay(gates, c, gam_r, i, j, seq_len - c * BT, cols)
-        mbarrier.wait(scratch.bar, 1)
+        kk = scratch.kk.load(reg_tt)  # again: k k^T stays in TMEM, and its registers are free during the decay
         qk = scratch.qk.load(reg_tt)
-        kk = scratch.kk.load(reg_tt)  # again: k k^T stays in TMEM, its registers were not kept across the norms
 
         # --- the row scalings and P go out first, so that only A is live through the inverse
         terms.bars.wait_empty(c)
-        p_rows, a_rows = publish_row_scalings(terms, gates, c, gam_r, seq_len, scale, rows)
-        terms.p.index(slot).store((qk * decay * gl.expand_dims(p_rows, 1)).to(dtype))
+        a_rows = publish_row_scalings(terms, gates, c, gam_r, seq_len, scale, rows)
+        terms.p.index(slot).store((qk * decay * scale).to(dtype))
         a = gl.where(i > j, kk * decay * gl.expand_dims(a_rows, 1), 0.0)
         gates.bars.release(c)
         # kk's TMEM is the products' accumulator: every warp has read k k^T (the inverse starts with a barrier)
-        tc, _ = _unit_lower_inverse(a, scratch.a_smem, scratch.bt_smem, scratch.kk, reg_tt, scratch.bar, 0)
+        tc, _ = _unit_lower_inverse(a, scratch.a_smem, scratch.bt_smem, scratch.kk, reg_tt, scratch.bar, phase ^ 1)
         publish_inverse(terms, c, tc, dtype)
         fence_async_shared()
         terms.bars.publish(c)
@@ -230,12 +227,15 @@ def _state_partition(st, inputs, terms, o_desc, o_stage, seq_len):
         tcgen05_commit(st.bars.index(S_DONE))
         tcgen05_commit(inputs.bars.empty.index(slot))
 
-        # --- o = (S q^T) diag(scale rq e^gam) + v_new P^T while the state updates; o^T -> [BT, V] staging tile
-        # -> HBM, two tiles, so the store of chunk c - 1 may still be in flight
+        # --- o = ((S q^T) diag(scale e^gam) + v_new P^T) diag(rq) while the state updates; o^T -> [BT, V] staging
+        # tile -> HBM, two tiles, so the store of chunk c - 1 may still be in flight
         o_scale = terms.scaling(c, O_SCALE).load(cols)
         mbarrier.wait(st.bars.index(O_DONE), phase)
         o = st.qh.load(reg_vt) * gl.expand_dims(o_scale, 0) + st.kh.load(reg_vt)
         terms.bars.release(c)
+        terms.rq_bars.wait_ready(c)
+        o = o * gl.expand_dims(terms.rq.index(slot).load(cols), 0)
+        terms.rq_bars.release(c)
         o_smem = o_stage.index(c % 2)
         tma.store_wait(1)
         gl.thread_barrier()

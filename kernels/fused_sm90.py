@@ -9,10 +9,10 @@ state is never copied to shared memory. With rq, rk the inverse L2 norms of the 
 FUSED_L2NORM), gam = cumsum(g) and gl = gam of the chunk's last row:
     A      = beta_t rk_t rk_s (k k^T)_ts e^(gam_t - gam_s),  s < t                     (aux)
     Tc     = (I + A)^-1;  Tv = Tc diag(beta),  Tk = -Tc diag(beta e^gam rk)            (aux)
-    P      = scale rq_t rk_s (q k^T)_ts e^(gam_t - gam_s),   s <= t                    (aux)
+    P      = scale rk_s (q k^T)_ts e^(gam_t - gam_s),        s <= t                    (aux)
     kh     = S k^T                                       [V, BT]    (state, critical path)
     v_new  = v^T Tv^T + kh Tk^T                          [V, BT]    (state, critical path)
-    o      = (S q^T) diag(scale rq e^gam) + v_new P^T    [V, BT] = o^T   (state, beside the path)
+    o      = ((S q^T) diag(scale e^gam) + v_new P^T) diag(rq)        [V, BT] = o^T   (state, beside the path)
     S      = e^gl S + v_new diag(e^(gl - gam) rk) k      [V, K]     (state, critical path)
 The column scalings of v_new ride in the two copies of Tc, and v^T goes from its TMA tile straight into the
 tensor cores, so the state partition holds no per-column vectors while its products are in flight.
@@ -22,18 +22,19 @@ Partitions, 16 warps (registers a thread by setmaxnreg; the kernel is compiled a
     With fewer (an aux budget above 104), ptxas serialises every wgmma of the kernel (C7512), and it does the
     same when S q^T is still in flight while v_new's products are issued: S k^T and S q^T are waited on together;
   * aux, one warpgroup, AUX_REGS: what a chunk needs that does not depend on the state, up to NUM_SLOTS chunks
-    ahead of it: k k^T, q q^T and q k^T on wgmma (the row norms are the Gram matrices' diagonals), the decay
-    matrix, P, the row scalings, and Tc by the blocked inverse: ten fp16 wgmma whose A operands are registers
+    ahead of it: k k^T and q k^T on wgmma (rk is the diagonal of k k^T), the decay matrix, P, the row scalings,
+    and Tc by the blocked inverse: ten fp16 wgmma whose A operands are registers
     (the accumulator's own, converted in place) or a staged tile, their B operands staged fp16 tiles. Its
     products run one at a time: two in flight with a register A operand beside them need more registers than
     the partition has, and ptxas then serialises every wgmma of the kernel (C7512);
   * load, LOAD_WARPS warps at 24 registers: TMA of the q, k, v tiles through per-sequence descriptors whose row
-    bound is the sequence's length (a chunk's tail is zero-filled and never reads the next sequence), and the
-    chunk's gates (gam = cumsum(g) by a warp scan), published as soon as its tiles are requested: nothing the
-    load partition does waits for the state partition beyond the input slot itself.
+    bound is the sequence's length (a chunk's tail is zero-filled and never reads the next sequence), the
+    chunk's gates (gam = cumsum(g) by a warp scan), published as soon as its tiles are requested, and, once
+    they have landed, rq into the terms ring: rq only scales the columns of o^T, which the state partition
+    computes last, so it waits on no one, and the aux partition has one Gram matrix less to reduce.
 Rings (InputRing, GateRing, TermRing below; each slot a ready and an empty mbarrier, SlotBarriers): the inputs
-(load -> aux and state), the gates (load -> aux; the aux partition adds the row norms) and the chunk terms
-(aux -> state).
+(load -> aux and state), the gates (load -> aux; the aux partition adds rk) and the chunk terms (aux -> state,
+and rq, load -> state).
 Shared memory (210 KB of the 227 KB a CTA may have): inputs 2 x 48 KB, terms 2 x 25 KB, the inverse's five fp16
 tiles 40 KB, o staging 16 KB; one program an SM.
 """
@@ -60,7 +61,7 @@ LOAD_WARPS = gl.constexpr(4)
 LOG2E = gl.constexpr(1.4426950408889634)
 STATE_WARPS = gl.constexpr(8)
 # rows of a chunk-terms slot's scaling tile: beta and the column scalings of kh (beta e^gam rk), of v_new before
-# the state update and of S q^T, and the state's decay
+# the state update and of S q^T (scale e^gam), and the state's decay
 BETA = gl.constexpr(0)
 K_SCALE = gl.constexpr(1)
 V_SCALE = gl.constexpr(2)
@@ -140,43 +141,46 @@ class InputRing:
 @aggregate
 class GateRing:
     """Per-row vectors of a chunk, [NUM_SLOTS, BT] fp32 each (load -> aux): gam = cumsum(g) in log2 units, beta,
-    gam of the chunk's last row (in every entry), and the inverse L2 norms rq, rk of the q and k rows (1 without
-    FUSED_L2NORM)."""
+    gam of the chunk's last row (in every entry), and rk, the inverse L2 norms of the k rows (1 without
+    FUSED_L2NORM), which the aux partition adds."""
     gam: gl.shared_memory_descriptor
     beta: gl.shared_memory_descriptor
     gam_last: gl.shared_memory_descriptor
-    rq: gl.shared_memory_descriptor
     rk: gl.shared_memory_descriptor
     bars: SlotBarriers
 
     @gluon.constexpr_function
-    def __init__(self, gam, beta, gam_last, rq, rk, bars):
+    def __init__(self, gam, beta, gam_last, rk, bars):
         self.gam = gam
         self.beta = beta
         self.gam_last = gam_last
-        self.rq = rq
         self.rk = rk
         self.bars = bars
 
 
 @aggregate
 class TermRing:
-    """What the state partition takes from the aux partition for a chunk (aux -> state): Tc diag(beta),
-    -Tc diag(beta e^gam rk) and P [NUM_SLOTS, BT, BT] in the input dtype, and the SCALINGS row scalings
-    [NUM_SLOTS * SCALINGS, BT] fp32."""
+    """What the state partition takes for a chunk: from the aux partition Tc diag(beta), -Tc diag(beta e^gam rk)
+    and P [NUM_SLOTS, BT, BT] in the input dtype and the SCALINGS row scalings [NUM_SLOTS * SCALINGS, BT] fp32
+    (bars); from the load partition rq [NUM_SLOTS, BT] fp32, the column scaling of o^T, which the state needs
+    last (rq_bars: its own barriers, so the state never waits for it to start a chunk)."""
     tc_v: gl.shared_memory_descriptor
     tc_k: gl.shared_memory_descriptor
     p: gl.shared_memory_descriptor
     scalings: gl.shared_memory_descriptor
     bars: SlotBarriers
+    rq: gl.shared_memory_descriptor
+    rq_bars: SlotBarriers
 
     @gluon.constexpr_function
-    def __init__(self, tc_v, tc_k, p, scalings, bars):
+    def __init__(self, tc_v, tc_k, p, scalings, bars, rq, rq_bars):
         self.tc_v = tc_v
         self.tc_k = tc_k
         self.p = p
         self.scalings = scalings
         self.bars = bars
+        self.rq = rq
+        self.rq_bars = rq_bars
 
     @gluon.jit
     def scaling(self, chunk, row):
@@ -187,6 +191,36 @@ class TermRing:
 @gluon.jit
 def _add(a, b):
     return a + b
+
+
+@gluon.jit
+def _inverse_row_norms(tile, out, L2: gl.constexpr):
+    """out = 1 / sqrt(sum(x^2) + 1e-6) of each row of the [BT, K] shared tile (fla's l2norm), or 1 without L2;
+    a few rows at a time, so that the load partition's few registers suffice."""
+    BT: gl.constexpr = tile.shape[0]
+    ROWS: gl.constexpr = 8  # the row period of the tile's 128-byte swizzle: a slice may not split it
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [gl.num_warps(), 1], [1, 0])
+    for r in gl.static_range(BT // ROWS):
+        if L2:
+            x = tile.slice(r * ROWS, ROWS).load(layout).to(gl.float32)
+            norms = 1.0 / gl.sqrt(gl.sum(x * x, axis=1) + 1e-6)
+        else:
+            norms = gl.full([ROWS], 1.0, gl.float32, gl.SliceLayout(1, layout))
+        out.slice(r * ROWS, ROWS).store(norms)
+
+
+@gluon.jit
+def _publish_query_norms(inputs, terms, c, flags):
+    """rq of chunk c into the terms ring, once its q tile has landed: only the state partition uses it, as the
+    column scaling of o^T, at the end of the chunk."""
+    slot = c % NUM_SLOTS
+    terms.rq_bars.wait_empty(c)
+    if flags & L2NORM:
+        inputs.bars.wait_ready(c)
+        _inverse_row_norms(inputs.q.index(slot), terms.rq.index(slot), True)
+    else:
+        _inverse_row_norms(inputs.q.index(slot), terms.rq.index(slot), False)
+    terms.rq_bars.publish(c)
 
 
 @gluon.jit
@@ -210,35 +244,49 @@ def _publish_gates(gates, c, g, beta):
 
 
 @gluon.jit
-def _load_partition(inputs, gates, terms, inverse_tiles, q_desc, k_desc, v_desc, g_head, beta_head, seq_len, HV,
-                    scale, flags):
-    """TMA of the q, k, v tiles, then the chunk's gates into the gate ring. The gate rows are read from HBM a
-    chunk ahead, so their latency is not in series with the next slot's wait."""
+def _request_inputs(inputs, q_desc, k_desc, v_desc, c):
+    """TMA of chunk c's q, k, v tiles into its input slot, once the slot is free."""
     BT: gl.constexpr = q_desc.block_type.shape[0]
     nbytes: gl.constexpr = q_desc.block_type.nbytes + k_desc.block_type.nbytes + v_desc.block_type.nbytes
+    slot = c % NUM_SLOTS
+    inputs.bars.wait_empty(c)
+    ready = inputs.bars.ready_bar(c)
+    mbarrier.expect(ready, nbytes)
+    tma.async_copy_global_to_shared(q_desc, [c * BT, 0], ready, inputs.q.index(slot))
+    tma.async_copy_global_to_shared(k_desc, [c * BT, 0], ready, inputs.k.index(slot))
+    tma.async_copy_global_to_shared(v_desc, [c * BT, 0], ready, inputs.v.index(slot))
+
+
+@gluon.jit
+def _load_partition(inputs, gates, terms, inverse_tiles, q_desc, k_desc, v_desc, g_head, beta_head, seq_len, HV,
+                    scale, flags):
+    """For each chunk c: its gates into the gate ring (they wait for nothing but their slot), the TMA of chunk
+    c + 1's q, k, v tiles (as soon as their slot is free), then the inverse norms of chunk c's q rows into the
+    terms ring, which the state partition needs only at the end of chunk c. The gate rows are read from HBM a
+    chunk ahead (after the norms, whose registers they would take), so their latency is not in series with the
+    slot's wait."""
+    BT: gl.constexpr = q_desc.block_type.shape[0]
     # every warp holds all BT rows, so the cumsum is a warp-level scan
     rows: gl.constexpr = gl.BlockedLayout([BT // 32], [32], [gl.num_warps()], [0])
+    n_chunks = gl.cdiv(seq_len, BT)
     g, beta = _gate_rows(g_head, beta_head, 0, seq_len, HV, BT, rows)
-    for c in range(gl.cdiv(seq_len, BT)):
-        slot = c % NUM_SLOTS
-        inputs.bars.wait_empty(c)
-        ready = inputs.bars.ready_bar(c)
-        mbarrier.expect(ready, nbytes)
-        tma.async_copy_global_to_shared(q_desc, [c * BT, 0], ready, inputs.q.index(slot))
-        tma.async_copy_global_to_shared(k_desc, [c * BT, 0], ready, inputs.k.index(slot))
-        tma.async_copy_global_to_shared(v_desc, [c * BT, 0], ready, inputs.v.index(slot))
+    if n_chunks > 0:
+        _request_inputs(inputs, q_desc, k_desc, v_desc, 0)
+    for c in range(n_chunks):
         _publish_gates(gates, c, g, beta)
+        if c + 1 < n_chunks:
+            _request_inputs(inputs, q_desc, k_desc, v_desc, c + 1)
+        _publish_query_norms(inputs, terms, c, flags)
         g, beta = _gate_rows(g_head, beta_head, c + 1, seq_len, HV, BT, rows)
 
 
 @gluon.jit
 def publish_row_scalings(terms, gates, c, gam_r, seq_len, scale, rows: gl.constexpr):
-    """Chunk c's SCALINGS rows into the terms ring, from the gate ring (gam_r: gam in the `rows` layout); returns
-    the row factors of P and of A, scale rq and beta rk (both arches' aux partitions)."""
+    """Chunk c's aux rows of the scalings into the terms ring, from the gate ring (gam_r: gam in the `rows`
+    layout); returns beta rk, the row factor of A (both arches' aux partitions)."""
     BT: gl.constexpr = gam_r.shape[0]
     slot = c % NUM_SLOTS
     beta = gates.beta.index(slot).load(rows)
-    rq = gates.rq.index(slot).load(rows)
     rk = gates.rk.index(slot).load(rows)
     gam_last = gates.gam_last.index(slot).load(rows)
     e_gam = gl.exp2(gam_r)
@@ -247,9 +295,9 @@ def publish_row_scalings(terms, gates, c, gam_r, seq_len, scale, rows: gl.conste
     # rows past the sequence's end get v_dec = 0, so they never reach the state
     terms.scaling(c, V_SCALE).store(gl.where(gl.arange(0, BT, rows) < seq_len - c * BT,
                                              gl.exp2(gam_last - gam_r) * rk, 0.0))
-    terms.scaling(c, O_SCALE).store(scale * rq * e_gam)
+    terms.scaling(c, O_SCALE).store(scale * e_gam)
     terms.scaling(c, STATE_SCALE).store(gl.exp2(gam_last))
-    return scale * rq, beta * rk
+    return beta * rk
 
 
 @gluon.jit
@@ -330,18 +378,15 @@ def _unit_lower_inverse(lb_tile, l_tile, even_tile, odd_tile, d_tile, diagonal, 
 
 
 @gluon.jit
-def publish_row_norms(gates, c, qq, kk, i, j, flags):
-    """rq and rk of chunk c into its gate slot: 1 / sqrt(|x_t|^2 + 1e-6) of each q and k row t (fla's l2norm),
-    read off the diagonals of the Gram matrices q q^T and k k^T, which the tensor cores compute anyway (1
-    without FUSED_L2NORM). Both arches' aux partitions; every warp of it has stored its rows on return."""
-    slot = c % NUM_SLOTS
-    rows: gl.constexpr = gl.SliceLayout(1, kk.type.layout)
+def publish_key_norms(gates, c, kk, i, j, flags):
+    """rk of chunk c into its gate slot: 1 / sqrt(|k_t|^2 + 1e-6) of each k row t (fla's l2norm), read off the
+    diagonal of k k^T, which the tensor cores compute anyway (1 without FUSED_L2NORM). Both arches' aux
+    partitions; every warp of it has stored its rows on return."""
+    rk = gates.rk.index(c % NUM_SLOTS)
     if flags & L2NORM:
-        gates.rq.index(slot).store(1.0 / gl.sqrt(gl.sum(gl.where(i == j, qq, 0.0), axis=1) + 1e-6))
-        gates.rk.index(slot).store(1.0 / gl.sqrt(gl.sum(gl.where(i == j, kk, 0.0), axis=1) + 1e-6))
+        rk.store(1.0 / gl.sqrt(gl.sum(gl.where(i == j, kk, 0.0), axis=1) + 1e-6))
     else:
-        gates.rq.index(slot).store(gl.full([kk.shape[0]], 1.0, gl.float32, rows))
-        gates.rk.index(slot).store(gl.full([kk.shape[0]], 1.0, gl.float32, rows))
+        rk.store(gl.full([kk.shape[0]], 1.0, gl.float32, gl.SliceLayout(1, kk.type.layout)))
     gl.thread_barrier()
 
 
@@ -362,16 +407,16 @@ def _aux_partition(inputs, gates, terms, inverse_tiles, q_desc, k_desc, v_desc, 
         inputs.bars.wait_ready(c)
         q_s = inputs.q.index(slot)
         k_s = inputs.k.index(slot)
-        # --- k k^T, and the inverse row norms of k and q from the diagonals of k k^T and q q^T
+        # --- k k^T, and the inverse norms of the k rows from its diagonal
         kk = warpgroup_mma(k_s, k_s.permute((1, 0)), zero, use_acc=False, is_async=True)
         gates.bars.wait_ready(c)
         kk = warpgroup_mma_wait(0, deps=[kk])
-        publish_row_norms(gates, c, warpgroup_mma(q_s, q_s.permute((1, 0)), zero, use_acc=False), kk, i, j, flags)
+        publish_key_norms(gates, c, kk, i, j, flags)
 
         # --- the row scalings, A and its two parts, then P: only the decay matrix is live beside one product
         terms.bars.wait_empty(c)
         gam_r = gates.gam.index(slot).load(rows)
-        p_rows, a_rows = publish_row_scalings(terms, gates, c, gam_r, seq_len, scale, rows)
+        a_rows = publish_row_scalings(terms, gates, c, gam_r, seq_len, scale, rows)
         decay = chunk_decay(gates, c, gam_r, i, j, seq_len - c * BT, cols)
         gates.bars.release(c)
         a = gl.where(i > j, kk * decay * gl.expand_dims(a_rows, 1), 0.0)
@@ -382,7 +427,7 @@ def _aux_partition(inputs, gates, terms, inverse_tiles, q_desc, k_desc, v_desc, 
         l_tile.store(gl.where(in_block, 0.0, a).to(gl.float16))
         qk = warpgroup_mma(q_s, k_s.permute((1, 0)), zero, use_acc=False)
         inputs.bars.release(c)
-        terms.p.index(slot).store((qk * decay * gl.expand_dims(p_rows, 1)).to(dtype))
+        terms.p.index(slot).store((qk * decay * scale).to(dtype))
         fence_async_shared()
         gl.thread_barrier()
 
@@ -438,6 +483,9 @@ def _state_partition(state, inputs, terms, o_desc, o_stage, seq_len):
         state, o = warpgroup_mma_wait(0, deps=[state, o])
         inputs.bars.release(c)
         terms.bars.release(c)
+        terms.rq_bars.wait_ready(c)
+        o = o * gl.expand_dims(terms.rq.index(slot).load(cols_vt), 0)
+        terms.rq_bars.release(c)
 
         # o^T -> [BT, V] staging tile -> HBM (the store of chunk c - 1 left the tile a chunk ago)
         tma.store_wait(0)
@@ -489,12 +537,12 @@ def chunk_rings(q_desc, k_desc, v_desc):
     gates = GateRing(gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain),
                      gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain),
                      gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain),
-                     gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain),
                      gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain), SlotBarriers.make(1, 1))
     terms = TermRing(gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, BT], tile_tt),
                      gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, BT], tile_tt),
                      gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, BT], tile_tt),
-                     gl.allocate_shared_memory(gl.float32, [NUM_SLOTS * SCALINGS, BT], plain), SlotBarriers.make(1, 1))
+                     gl.allocate_shared_memory(gl.float32, [NUM_SLOTS * SCALINGS, BT], plain), SlotBarriers.make(1, 1),
+                     gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain), SlotBarriers.make(1, 1))
     return inputs, gates, terms
 
 
