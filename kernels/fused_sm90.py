@@ -23,15 +23,16 @@ Partitions, 16 warps (registers a thread by setmaxnreg; the kernel is compiled a
     same when S q^T is still in flight while v_new's products are issued: S k^T and S q^T are waited on together;
   * aux, one warpgroup, AUX_REGS: what a chunk needs that does not depend on the state, up to NUM_SLOTS chunks
     ahead of it: k k^T and q k^T on wgmma (rk is the diagonal of k k^T), the decay matrix, P, the row scalings,
-    and Tc by the blocked inverse: ten fp16 wgmma whose A operands are registers
-    (the accumulator's own, converted in place) or a staged tile, their B operands staged fp16 tiles. Its
-    products run one at a time: two in flight with a register A operand beside them need more registers than
-    the partition has, and ptxas then serialises every wgmma of the kernel (C7512);
+    and Tc by the blocked inverse: ten fp16 wgmma whose A operands are registers (the accumulator's own,
+    converted in place) or a staged tile, their B operands staged fp16 tiles. Its products run one at a time:
+    two in flight need more registers than the partition has, and ptxas then serialises every wgmma of the
+    kernel (C7512);
   * load, LOAD_WARPS warps at 24 registers: TMA of the q, k, v tiles through per-sequence descriptors whose row
     bound is the sequence's length (a chunk's tail is zero-filled and never reads the next sequence), the
-    chunk's gates (gam = cumsum(g) by a warp scan), published as soon as its tiles are requested, and, once
-    they have landed, rq into the terms ring: rq only scales the columns of o^T, which the state partition
-    computes last, so it waits on no one, and the aux partition has one Gram matrix less to reduce.
+    chunk's gates (gam = cumsum(g) by a warp scan), which wait for nothing but their slot, and, once the q tile
+    has landed, rq into the terms ring on barriers of its own: rq only scales the columns of o^T, which the
+    state partition computes last, so no partition waits for it early, and the aux partition has one Gram
+    matrix less to reduce.
 Rings (InputRing, GateRing, TermRing below; each slot a ready and an empty mbarrier, SlotBarriers): the inputs
 (load -> aux and state), the gates (load -> aux; the aux partition adds rk) and the chunk terms (aux -> state,
 and rq, load -> state).
