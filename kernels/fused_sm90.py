@@ -47,7 +47,7 @@ from triton.language.core import _aggregate as aggregate
 
 from . import FUSED_HAS_H0 as _HAS_H0, FUSED_L2NORM as _L2NORM, FUSED_STORE_HT as _STORE_HT
 from . import FUSED_USE_INDICES as _USE_INDICES
-from .common import (load_state_tile, loop_variant, row_tile_desc, sequence_bounds,
+from .common import (inverse_row_norms, load_state_tile, loop_variant, row_tile_desc, sequence_bounds,
                      state_io_layout, store_state_tile, wgmma_layout)
 
 L2NORM = gl.constexpr(_L2NORM)
@@ -203,8 +203,7 @@ def _inverse_row_norms(tile, out, L2: gl.constexpr):
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [gl.num_warps(), 1], [1, 0])
     for r in gl.static_range(BT // ROWS):
         if L2:
-            x = tile.slice(r * ROWS, ROWS).load(layout).to(gl.float32)
-            norms = 1.0 / gl.sqrt(gl.sum(x * x, axis=1) + 1e-6)
+            norms = inverse_row_norms(tile.slice(r * ROWS, ROWS).load(layout))
         else:
             norms = gl.full([ROWS], 1.0, gl.float32, gl.SliceLayout(1, layout))
         out.slice(r * ROWS, ROWS).store(norms)
