@@ -9,12 +9,20 @@ from triton.runtime.jit import constexpr_function
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2  # mma.sync: sm_90a and sm_100a both have it
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma  # blackwell re-exports these
+from triton.language.core import _aggregate as aggregate
 
 from . import PREPARE_L2NORM as _PREPARE_L2NORM, SCAN_HAS_H0 as _SCAN_HAS_H0
 from . import SCAN_STORE_HT as _SCAN_STORE_HT, SCAN_USE_INDICES as _SCAN_USE_INDICES
+from . import PREPARE_BETA_SIGMOID as _PREPARE_BETA_SIGMOID, PREPARE_GATE_BIAS as _PREPARE_GATE_BIAS
+from . import PREPARE_GATE_IN_KERNEL as _PREPARE_GATE_IN_KERNEL
 
 # the flag bits defined in kernels/__init__.py (the launcher ABI), as constexprs the kernels can read
 PREPARE_L2NORM = gl.constexpr(_PREPARE_L2NORM)
+PREPARE_GATE_IN_KERNEL = gl.constexpr(_PREPARE_GATE_IN_KERNEL)
+PREPARE_GATE_BIAS = gl.constexpr(_PREPARE_GATE_BIAS)
+PREPARE_BETA_SIGMOID = gl.constexpr(_PREPARE_BETA_SIGMOID)
+GATE_MODE = gl.constexpr(1)  # GateSource.mode bits, the same for every family
+SIGMOID_MODE = gl.constexpr(2)
 SCAN_HAS_H0 = gl.constexpr(_SCAN_HAS_H0)
 SCAN_STORE_HT = gl.constexpr(_SCAN_STORE_HT)
 SCAN_USE_INDICES = gl.constexpr(_SCAN_USE_INDICES)
@@ -129,17 +137,76 @@ def chunk_cumsum(g_rows, g_cols):
     return gam_rows, gam_cols
 
 
+@aggregate
+class GateSource:
+    """Where a kernel reads the per-token gates g ([rows, HV] fp32, the log decay) and beta ([rows, HV] fp32) of
+    one value head, and whether it computes them from raw inputs (fla's options, as fla defines them):
+    use_gate_in_kernel: g holds the raw a, and g = -exp(A_log[h]) softplus(a + dt_bias[h]) (softplus(x) = x from
+    x = 20 on; dt_bias 0 when not given); use_beta_sigmoid_in_kernel: beta holds the raw b, beta = sigmoid(b).
+    Rows a mask leaves out read as 0 either way. The head's exp(A_log) and dt_bias are read once, at `make`."""
+    g: gl.tensor
+    beta: gl.tensor
+    rate: gl.tensor  # exp(A_log[h]) with use_gate_in_kernel, else 0
+    bias: gl.tensor  # dt_bias[h], or 0
+    mode: gl.tensor  # GATE_MODE | SIGMOID_MODE bits
+
+    @gluon.constexpr_function
+    def __init__(self, g, beta, rate, bias, mode):
+        self.g = g
+        self.beta = beta
+        self.rate = rate
+        self.bias = bias
+        self.mode = mode
+
+    @gluon.jit
+    def make(g, beta, A_log, dt_bias, i_hv, flags, GATE: gl.constexpr, BIAS: gl.constexpr, SIGMOID: gl.constexpr):
+        """Value head i_hv's source, from a kernel's pointers and its `flags`, whose gating bits are GATE, BIAS,
+        SIGMOID (A_log and dt_bias are read only when those bits ask for them)."""
+        rate = 0.0
+        bias = 0.0
+        if flags & GATE:
+            rate = gl.exp(gl.load(A_log + i_hv))
+            if flags & BIAS:
+                bias = gl.load(dt_bias + i_hv)
+        mode = gl.where((flags & GATE) != 0, GATE_MODE, 0) | gl.where((flags & SIGMOID) != 0, SIGMOID_MODE, 0)
+        return GateSource(g, beta, rate, bias, mode)
+
+    @gluon.jit
+    def rows(self, row0, HV):
+        """The same head's source with element offsets that count rows from row0 (times HV)."""
+        offset = row0.to(gl.int64) * HV
+        return GateSource(self.g + offset, self.beta + offset, self.rate, self.bias, self.mode)
+
+    @gluon.jit
+    def log_decay(self, offs, live):
+        """g at element offsets `offs`; 0 off `live`."""
+        x = gl.load(self.g + offs, mask=live, other=0.0)
+        if self.mode & GATE_MODE:
+            x = x + self.bias
+            x = gl.where(live, -self.rate * gl.where(x < 20.0, gl.log(1.0 + gl.exp(x)), x), 0.0)
+        return x
+
+    @gluon.jit
+    def betas(self, offs, live):
+        """beta at element offsets `offs`; 0 off `live`."""
+        x = gl.load(self.beta + offs, mask=live, other=0.0)
+        if self.mode & SIGMOID_MODE:
+            x = gl.where(live, 1.0 / (1.0 + gl.exp(-x)), 0.0)
+        return x
+
+
 @gluon.jit
-def chunk_gates(g, beta, gam, qg, kg, i_hv, start, n_rows, HV, log_rq, log_rk, cols_layout: gl.constexpr):
-    """The gates of value head i_hv over the chunk's rows (gdn_prepare, both arches): loads g and beta, writes
-    gam = cumsum(g) and the log row scalings qg = gam + ln rq, kg = gam - ln rk for gdn_scan, and returns gam
-    in the row layout (log_rq's) and in cols_layout, and beta in the row layout. Rows past n_rows read as 0."""
+def chunk_gates(gates, gam, qg, kg, i_hv, start, n_rows, HV, log_rq, log_rk, cols_layout: gl.constexpr):
+    """The gates of value head i_hv over the chunk's rows (gdn_prepare, both arches): reads g and beta (the head's
+    GateSource), writes gam = cumsum(g) and the log row scalings qg = gam + ln rq, kg = gam - ln rk for
+    gdn_scan, and returns gam in the row layout (log_rq's) and in cols_layout, and beta in the row layout. Rows
+    past n_rows read as 0."""
     r = gl.arange(0, log_rq.shape[0], log_rq.type.layout)
     c = gl.arange(0, log_rq.shape[0], cols_layout)
     offs_r = (start + r).to(gl.int64) * HV + i_hv
-    g_rows = gl.load(g + offs_r, mask=r < n_rows, other=0.0)
-    g_cols = gl.load(g + (start + c).to(gl.int64) * HV + i_hv, mask=c < n_rows, other=0.0)
-    beta_rows = gl.load(beta + offs_r, mask=r < n_rows, other=0.0)
+    g_rows = gates.log_decay(offs_r, r < n_rows)
+    g_cols = gates.log_decay((start + c).to(gl.int64) * HV + i_hv, c < n_rows)
+    beta_rows = gates.betas(offs_r, r < n_rows)
     gam_rows, gam_cols = chunk_cumsum(g_rows, g_cols)
     gl.store(gam + offs_r, gam_rows, mask=r < n_rows)
     gl.store(qg + offs_r, gam_rows + log_rq, mask=r < n_rows)

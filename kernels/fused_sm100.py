@@ -55,10 +55,11 @@ from triton.experimental.gluon.language.nvidia.blackwell import (TensorMemoryLay
 from triton.language.core import _aggregate as aggregate
 
 from . import FUSED_HAS_H0 as _HAS_H0, FUSED_STORE_HT as _STORE_HT
-from .common import load_state_tile, loop_variant, sequence_bounds, state_io_layout, store_state_tile
-from .fused_sm90 import (LOAD_REGS, LOAD_WARPS, NUM_SLOTS, O_SCALE, STATE_SCALE, V_SCALE,
-                         _load_partition, chunk_decay, chunk_rings, head_tiles, publish_inverse, publish_key_norms,
-                         publish_row_scalings, state_slot)
+from .common import (GateSource, load_state_tile, loop_variant, sequence_bounds, state_io_layout,
+                     store_state_tile)
+from .fused_sm90 import (BETA_SIGMOID, GATE_BIAS, GATE_IN_KERNEL, LOAD_REGS, LOAD_WARPS, NUM_SLOTS, O_SCALE,
+                         STATE_SCALE, V_SCALE, _load_partition, chunk_decay, chunk_rings, head_tiles, publish_inverse,
+                         publish_key_norms, publish_row_scalings, state_slot)
 from .prepare_sm100 import _unit_lower_inverse
 
 HAS_H0 = gl.constexpr(_HAS_H0)
@@ -131,7 +132,7 @@ def _tmem_operands_ready():
 
 
 @gluon.jit
-def _aux_partition(inputs, gates, terms, scratch, q_desc, k_desc, v_desc, g_head, beta_head, seq_len, HV, scale,
+def _aux_partition(inputs, gates, terms, scratch, q_desc, k_desc, v_desc, gate_source, seq_len, HV, scale,
                    flags):
     """The state-independent terms of every chunk (see the module docstring), into the terms ring."""
     BT: gl.constexpr = q_desc.block_type.shape[0]
@@ -248,7 +249,7 @@ def _state_partition(st, inputs, terms, o_desc, o_stage, seq_len):
 
 
 @gluon.jit
-def fused_kernel(q, k, v, g, beta, cu_seqlens, h0, ht, state_indices, o, scale, T, H, HV, flags,
+def fused_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0, ht, state_indices, o, scale, T, H, HV, flags,
                  K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, IS_VARLEN: gl.constexpr,
                  TRANSPOSE_STATE: gl.constexpr, num_warps: gl.constexpr):
     gl.static_assert(num_warps == STATE_WARPS, "the default partition is the two state warpgroups")
@@ -280,8 +281,10 @@ def fused_kernel(q, k, v, g, beta, cu_seqlens, h0, ht, state_indices, o, scale, 
     h = load_state_tile(h0, slot, i_hv, 0, HV, ((flags & HAS_H0) != 0) & (slot >= 0), K, V, V, TRANSPOSE_STATE, io)
     st.s.store(gl.convert_layout(gl.permute(h, [1, 0]), reg_vk))
 
-    q_desc, k_desc, v_desc, o_desc, g_head, beta_head = head_tiles(q, k, v, o, g, beta, bos, seq_len, i_h, i_hv, H,
-                                                                   HV, K, V, BT)
+    gate_source = GateSource.make(g + i_hv, beta + i_hv, A_log, dt_bias, i_hv, flags, GATE_IN_KERNEL, GATE_BIAS,
+                                  BETA_SIGMOID)
+    q_desc, k_desc, v_desc, o_desc, gate_source = head_tiles(q, k, v, o, gate_source, bos, seq_len, i_h, i_hv, H,
+                                                             HV, K, V, BT)
     # --- shared memory: the rings (the state's MMAs empty an input slot), the aux's scratch, the output staging
     inputs, gates, terms = chunk_rings(q_desc, k_desc, v_desc)
     f32_tt: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], gl.float32)
@@ -293,7 +296,7 @@ def fused_kernel(q, k, v, g, beta, cu_seqlens, h0, ht, state_indices, o, scale, 
                          gl.allocate_shared_memory(gl.float32, [BT, BT], f32_tt), aux_bar.index(0))
     o_stage = gl.allocate_shared_memory(dtype, [2, BT, V], o_desc.layout)
 
-    worker_args = (inputs, gates, terms, scratch, q_desc, k_desc, v_desc, g_head, beta_head, seq_len, HV, scale, flags)
+    worker_args = (inputs, gates, terms, scratch, q_desc, k_desc, v_desc, gate_source, seq_len, HV, scale, flags)
     gl.warp_specialize([
         (_state_partition, (st, inputs, terms, o_desc, o_stage, seq_len)),
         (_aux_partition, worker_args),

@@ -46,14 +46,18 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.language.core import _aggregate as aggregate
 
 from . import FUSED_HAS_H0 as _HAS_H0, FUSED_L2NORM as _L2NORM, FUSED_STORE_HT as _STORE_HT
-from . import FUSED_USE_INDICES as _USE_INDICES
-from .common import (inverse_row_norms, load_state_tile, loop_variant, row_tile_desc, sequence_bounds,
+from . import FUSED_BETA_SIGMOID as _BETA_SIGMOID, FUSED_GATE_BIAS as _GATE_BIAS
+from . import FUSED_GATE_IN_KERNEL as _GATE_IN_KERNEL, FUSED_USE_INDICES as _USE_INDICES
+from .common import (GateSource, inverse_row_norms, load_state_tile, loop_variant, row_tile_desc, sequence_bounds,
                      state_io_layout, store_state_tile, wgmma_layout)
 
 L2NORM = gl.constexpr(_L2NORM)
 HAS_H0 = gl.constexpr(_HAS_H0)
 STORE_HT = gl.constexpr(_STORE_HT)
 USE_INDICES = gl.constexpr(_USE_INDICES)
+GATE_IN_KERNEL = gl.constexpr(_GATE_IN_KERNEL)
+GATE_BIAS = gl.constexpr(_GATE_BIAS)
+BETA_SIGMOID = gl.constexpr(_BETA_SIGMOID)
 
 NUM_SLOTS = gl.constexpr(2)
 AUX_REGS = gl.constexpr(104)
@@ -224,12 +228,13 @@ def _publish_query_norms(inputs, terms, c, flags):
 
 
 @gluon.jit
-def _gate_rows(g_head, beta_head, c, seq_len, HV, BT: gl.constexpr, layout: gl.constexpr):
-    """g (in log2 units) and beta of chunk c's rows; 0 past the sequence's end, so gam stays flat there."""
+def _gate_rows(gate_source, c, seq_len, HV, BT: gl.constexpr, layout: gl.constexpr):
+    """g (in log2 units) and beta of chunk c's rows (gate_source: the program's head); 0 past the sequence's
+    end, so gam stays flat there."""
     r = gl.arange(0, BT, layout)
     live = r < seq_len - c * BT
     offs = (c * BT + r).to(gl.int64) * HV
-    return gl.load(g_head + offs, mask=live, other=0.0) * LOG2E, gl.load(beta_head + offs, mask=live, other=0.0)
+    return gate_source.log_decay(offs, live) * LOG2E, gate_source.betas(offs, live)
 
 
 @gluon.jit
@@ -258,7 +263,7 @@ def _request_inputs(inputs, q_desc, k_desc, v_desc, c):
 
 
 @gluon.jit
-def _load_partition(inputs, gates, terms, inverse_tiles, q_desc, k_desc, v_desc, g_head, beta_head, seq_len, HV,
+def _load_partition(inputs, gates, terms, inverse_tiles, q_desc, k_desc, v_desc, gate_source, seq_len, HV,
                     scale, flags):
     """For each chunk c: its gates into the gate ring (they wait for nothing but their slot), the TMA of chunk
     c + 1's q, k, v tiles (as soon as their slot is free), then the inverse norms of chunk c's q rows into the
@@ -269,7 +274,7 @@ def _load_partition(inputs, gates, terms, inverse_tiles, q_desc, k_desc, v_desc,
     # every warp holds all BT rows, so the cumsum is a warp-level scan
     rows: gl.constexpr = gl.BlockedLayout([BT // 32], [32], [gl.num_warps()], [0])
     n_chunks = gl.cdiv(seq_len, BT)
-    g, beta = _gate_rows(g_head, beta_head, 0, seq_len, HV, BT, rows)
+    g, beta = _gate_rows(gate_source, 0, seq_len, HV, BT, rows)
     if n_chunks > 0:
         _request_inputs(inputs, q_desc, k_desc, v_desc, 0)
     for c in range(n_chunks):
@@ -277,7 +282,7 @@ def _load_partition(inputs, gates, terms, inverse_tiles, q_desc, k_desc, v_desc,
         if c + 1 < n_chunks:
             _request_inputs(inputs, q_desc, k_desc, v_desc, c + 1)
         _publish_query_norms(inputs, terms, c, flags)
-        g, beta = _gate_rows(g_head, beta_head, c + 1, seq_len, HV, BT, rows)
+        g, beta = _gate_rows(gate_source, c + 1, seq_len, HV, BT, rows)
 
 
 @gluon.jit
@@ -391,7 +396,7 @@ def publish_key_norms(gates, c, kk, i, j, flags):
 
 
 @gluon.jit
-def _aux_partition(inputs, gates, terms, inverse_tiles, q_desc, k_desc, v_desc, g_head, beta_head, seq_len, HV,
+def _aux_partition(inputs, gates, terms, inverse_tiles, q_desc, k_desc, v_desc, gate_source, seq_len, HV,
                    scale, flags):
     """The state-independent terms of every chunk (see the module docstring), into the terms ring."""
     BT: gl.constexpr = q_desc.block_type.shape[0]
@@ -509,17 +514,17 @@ def state_slot(i_n, state_indices, flags):
 
 
 @gluon.jit
-def head_tiles(q, k, v, o, g, beta, bos, seq_len, i_h, i_hv, H, HV, K: gl.constexpr, V: gl.constexpr,
+def head_tiles(q, k, v, o, gate_source, bos, seq_len, i_h, i_hv, H, HV, K: gl.constexpr, V: gl.constexpr,
                BT: gl.constexpr):
     """The program's TMA descriptors over its sequence's q, k (key head i_h), v and o (value head i_hv) rows, with
     the sequence's length as row bound (a chunk's tail is zero-filled on load and clipped on store, never the next
-    sequence's rows), and its g and beta columns."""
+    sequence's rows), and the source of the head's gates with offsets from the sequence's first row."""
     row0 = bos.to(gl.int64)
     q_desc = row_tile_desc(q + row0 * H * K + i_h * K, H * K, seq_len, BT, K)
     k_desc = row_tile_desc(k + row0 * H * K + i_h * K, H * K, seq_len, BT, K)
     v_desc = row_tile_desc(v + row0 * HV * V + i_hv * V, HV * V, seq_len, BT, V)
     o_desc = row_tile_desc(o + row0 * HV * V + i_hv * V, HV * V, seq_len, BT, V)
-    return q_desc, k_desc, v_desc, o_desc, g + row0 * HV + i_hv, beta + row0 * HV + i_hv
+    return q_desc, k_desc, v_desc, o_desc, gate_source.rows(row0, HV)
 
 
 @gluon.jit
@@ -547,7 +552,7 @@ def chunk_rings(q_desc, k_desc, v_desc):
 
 
 @gluon.jit
-def fused_kernel(q, k, v, g, beta, cu_seqlens, h0, ht, state_indices, o, scale, T, H, HV, flags,
+def fused_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0, ht, state_indices, o, scale, T, H, HV, flags,
                  K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, IS_VARLEN: gl.constexpr,
                  TRANSPOSE_STATE: gl.constexpr, num_warps: gl.constexpr):
     gl.static_assert(num_warps == STATE_WARPS, "the default partition is the two state warpgroups")
@@ -565,15 +570,17 @@ def fused_kernel(q, k, v, g, beta, cu_seqlens, h0, ht, state_indices, o, scale, 
     h = load_state_tile(h0, slot, i_hv, 0, HV, ((flags & HAS_H0) != 0) & (slot >= 0), K, V, V, TRANSPOSE_STATE, io)
     state = gl.convert_layout(gl.permute(h, [1, 0]), acc_vk)
 
-    q_desc, k_desc, v_desc, o_desc, g_head, beta_head = head_tiles(q, k, v, o, g, beta, bos, seq_len, i_h, i_hv, H,
-                                                                   HV, K, V, BT)
+    gate_source = GateSource.make(g + i_hv, beta + i_hv, A_log, dt_bias, i_hv, flags, GATE_IN_KERNEL, GATE_BIAS,
+                                  BETA_SIGMOID)
+    q_desc, k_desc, v_desc, o_desc, gate_source = head_tiles(q, k, v, o, gate_source, bos, seq_len, i_h, i_hv, H,
+                                                             HV, K, V, BT)
     # --- shared memory: the three rings, the inverse's fp32 operand tiles, the output staging tile
     inputs, gates, terms = chunk_rings(q_desc, k_desc, v_desc)
     inverse_tiles = gl.allocate_shared_memory(gl.float16, [5, BT, BT],
                                               gl.NVMMASharedLayout.get_default_for([BT, BT], gl.float16))
     o_stage = gl.allocate_shared_memory(dtype, [BT, V], o_desc.layout)
 
-    worker_args = (inputs, gates, terms, inverse_tiles, q_desc, k_desc, v_desc, g_head, beta_head, seq_len, HV, scale,
+    worker_args = (inputs, gates, terms, inverse_tiles, q_desc, k_desc, v_desc, gate_source, seq_len, HV, scale,
                    flags)
     state = gl.warp_specialize([
         (_state_partition, (state, inputs, terms, o_desc, o_stage, seq_len)),

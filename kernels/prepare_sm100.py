@@ -42,7 +42,8 @@ from triton.experimental.gluon.language.nvidia.blackwell import (TensorMemoryLay
                                                                   fence_async_shared, get_tmem_reg_layout,
                                                                   mbarrier, tcgen05_commit, tcgen05_mma, tma)
 
-from .common import (PREPARE_L2NORM, causal_decay_bitmask, chunk_gates, diagonal_block_inverses, inverse_row_norms,
+from .common import (PREPARE_BETA_SIGMOID, PREPARE_GATE_BIAS, PREPARE_GATE_IN_KERNEL, PREPARE_L2NORM, GateSource,
+                     causal_decay_bitmask, chunk_gates, diagonal_block_inverses, inverse_row_norms,
                      load_rows, loop_variant, row_load_layout, sequence_of_chunk_slot)
 
 
@@ -105,7 +106,7 @@ def _unit_lower_inverse(A, a_smem, bt_smem, acc_tmem, reg_layout: gl.constexpr, 
 
 @gluon.jit
 def _serve_value_head(i_hv, j, v_phase, k_smem, v_smem, a_smem, bt_smem, row_vecs, v_bar, mma_bar, w_tmem, u_tmem,
-                      v_desc, w_desc, u_desc, g, beta, gam, qg, kg, start, n_rows, HV,
+                      v_desc, w_desc, u_desc, gates, gam, qg, kg, start, n_rows, HV,
                       K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr):
     """Steps 1-3 of docs/algorithm.md for value head i_hv (j-th of its key head's group) of the chunk, from the
     key head's k in k_smem (row_vecs: the key head's log q/k row norms in rows 0, 1; rows 2, 3 are this
@@ -132,7 +133,7 @@ def _serve_value_head(i_hv, j, v_phase, k_smem, v_smem, a_smem, bt_smem, row_vec
     # --- gates: gam = cumsum(g) and the log row scalings for gdn_scan (layouts of the TMEM register tiles).
     rows_l: gl.constexpr = gl.SliceLayout(1, reg_tt)
     cols_l: gl.constexpr = gl.SliceLayout(0, reg_tt)
-    gam_rows, gam_cols, beta_rows = chunk_gates(g, beta, gam, qg, kg, i_hv, start, n_rows, HV,
+    gam_rows, gam_cols, beta_rows = chunk_gates(gates, gam, qg, kg, i_hv, start, n_rows, HV,
                                                 row_vecs.index(0).load(rows_l), row_vecs.index(1).load(rows_l),
                                                 cols_l)
     decay = causal_decay_bitmask(gam_rows, gam_cols, n_rows, STRICT=True)
@@ -178,7 +179,7 @@ def _serve_value_head(i_hv, j, v_phase, k_smem, v_smem, a_smem, bt_smem, row_vec
 
 
 @gluon.jit
-def prepare_kernel(q, k, v, g, beta, cu_seqlens, w, u, gam, qg, kg, T, num_seqs, H, HV, flags,
+def prepare_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, w, u, gam, qg, kg, T, num_seqs, H, HV, flags,
                    K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, IS_VARLEN: gl.constexpr,
                    num_warps: gl.constexpr):
     gl.static_assert(BT == 64, "one CTA owns the 64 rows of a chunk (tcgen05 M = 64)")
@@ -234,9 +235,12 @@ def prepare_kernel(q, k, v, g, beta, cu_seqlens, w, u, gam, qg, kg, T, num_seqs,
         gl.thread_barrier()  # ... and the log norms to every warp
 
         for j in range(group):
-            _serve_value_head(i_h * group + j, j, j & 1, k_smem, v_smem, a_smem, bt_smem, row_vecs,
+            i_hv = i_h * group + j
+            gates = GateSource.make(g, beta, A_log, dt_bias, i_hv, flags, PREPARE_GATE_IN_KERNEL, PREPARE_GATE_BIAS,
+                                    PREPARE_BETA_SIGMOID)
+            _serve_value_head(i_hv, j, j & 1, k_smem, v_smem, a_smem, bt_smem, row_vecs,
                               bars.index(1), bars.index(2), w_tmem, u_tmem, v_desc, w_desc, u_desc,
-                              g, beta, gam, qg, kg, loop_variant(start, j), loop_variant(n_rows, j), HV, K, V, BT)
+                              gates, gam, qg, kg, loop_variant(start, j), loop_variant(n_rows, j), HV, K, V, BT)
         tma.store_wait(0)
         gl.thread_barrier()
         for b in gl.static_range(3):

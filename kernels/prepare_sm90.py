@@ -22,7 +22,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
-from .common import (PREPARE_L2NORM, causal_decay, chunk_gates, chunk_tile_ptrs, diagonal_block_inverses,
+from .common import (PREPARE_BETA_SIGMOID, PREPARE_GATE_BIAS, PREPARE_GATE_IN_KERNEL, PREPARE_L2NORM, GateSource,
+                     causal_decay, chunk_gates, chunk_tile_ptrs, diagonal_block_inverses,
                      inverse_row_norms, load_rows, loop_variant, row_load_layout, row_mask, sequence_of_chunk_slot,
                      wgmma_layout)
 
@@ -82,7 +83,7 @@ def _store_rows(ptr, x, row0, n_rows, row_stride, layout: gl.constexpr):
 
 
 @gluon.jit
-def _serve_value_head(i_hv, k_smem, v, v_smem, tf32_smem, log_rq, log_rk, g, beta, w, u, gam, qg, kg, start,
+def _serve_value_head(i_hv, k_smem, v, v_smem, tf32_smem, log_rq, log_rk, gates, w, u, gam, qg, kg, start,
                       n_rows, HV, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr):
     """Steps 1-3 of docs/algorithm.md for value head i_hv of the chunk, from the key head's k in k_smem."""
     dtype: gl.constexpr = v.dtype.element_ty
@@ -102,9 +103,9 @@ def _serve_value_head(i_hv, k_smem, v, v_smem, tf32_smem, log_rq, log_rk, g, bet
     async_copy.commit_group()
 
     # --- gates: gam = cumsum(g) and the log row scalings for gdn_scan; beta also as columns for Tw, Tu.
-    gam_rows, gam_cols, beta_rows = chunk_gates(g, beta, gam, qg, kg, i_hv, start, n_rows, HV, log_rq, log_rk,
+    gam_rows, gam_cols, beta_rows = chunk_gates(gates, gam, qg, kg, i_hv, start, n_rows, HV, log_rq, log_rk,
                                                 gl.SliceLayout(0, mma_tt))
-    beta_cols = gl.load(beta + (start + c).to(gl.int64) * HV + i_hv, mask=c < n_rows, other=0.0)
+    beta_cols = gates.betas((start + c).to(gl.int64) * HV + i_hv, c < n_rows)
 
     # --- A = beta_i (k k^T)_ij exp(gam_i - gam_j), strictly lower; Tc = (I + A)^-1 in tf32.
     kkt = warpgroup_mma(k_smem, k_smem.permute((1, 0)), gl.zeros([BT, BT], gl.float32, mma_tt),
@@ -130,7 +131,7 @@ def _serve_value_head(i_hv, k_smem, v, v_smem, tf32_smem, log_rq, log_rk, g, bet
 
 
 @gluon.jit
-def prepare_kernel(q, k, v, g, beta, cu_seqlens, w, u, gam, qg, kg, T, num_seqs, H, HV, flags,
+def prepare_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, w, u, gam, qg, kg, T, num_seqs, H, HV, flags,
                    K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, IS_VARLEN: gl.constexpr,
                    num_warps: gl.constexpr):
     gl.static_assert(BT == 64, "one warpgroup owns the 64 rows of a chunk")
@@ -161,5 +162,8 @@ def prepare_kernel(q, k, v, g, beta, cu_seqlens, w, u, gam, qg, kg, T, num_seqs,
         f32_tt: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], gl.float32)
         tf32_smem = gl.allocate_shared_memory(gl.float32, [2, BT, BT], f32_tt)
         for j in range(group):
-            _serve_value_head(i_h * group + j, k_smem, v, v_smem, tf32_smem, log_rq, log_rk, g, beta, w, u,
+            i_hv = i_h * group + j
+            gates = GateSource.make(g, beta, A_log, dt_bias, i_hv, flags, PREPARE_GATE_IN_KERNEL, PREPARE_GATE_BIAS,
+                                    PREPARE_BETA_SIGMOID)
+            _serve_value_head(i_hv, k_smem, v, v_smem, tf32_smem, log_rq, log_rk, gates, w, u,
                               gam, qg, kg, loop_variant(start, j), loop_variant(n_rows, j), HV, K, V, BT)

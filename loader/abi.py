@@ -28,7 +28,9 @@ import struct
 #    gdn_aot_forward (both launches in one call)
 # 4: the gdn_fused family and routes: gdn_aot_forward_args_t starts with the route and its kernels, one `options`
 #    word replaces the two flag words; the dispatch table and gdn_aot_select in the launcher
-LAUNCHER_ABI_VERSION = 4
+# 5: the gating computed in the kernels: A_log and dt_bias (arguments of gdn_aot_forward, parameters of gdn_prepare
+#    and gdn_fused after beta), options GATE_IN_KERNEL, GATE_BIAS, BETA_SIGMOID
+LAUNCHER_ABI_VERSION = 5
 # 2: `dispatch` holds the spec's preferences (`spec`) and the table (`table`); launcher.forward lists its routes
 MANIFEST_SCHEMA_VERSION = 2
 
@@ -101,6 +103,9 @@ OPTIONS = (
     Option("HAS_H0", 2, "read the initial state h0"),
     Option("STORE_HT", 4, "write the final state ht"),
     Option("USE_INDICES", 8, "h0 and ht are a pool of slots, sequence n's being state_indices[n]"),
+    Option("GATE_IN_KERNEL", 16, "use_gate_in_kernel: g holds the raw a, g = -exp(A_log) softplus(a + dt_bias)"),
+    Option("GATE_BIAS", 32, "with GATE_IN_KERNEL: add dt_bias (else no bias)"),
+    Option("BETA_SIGMOID", 64, "use_beta_sigmoid_in_kernel: beta holds the raw b, beta = sigmoid(b)"),
 )
 OPTION_BITS = {o.name: o.bit for o in OPTIONS}
 
@@ -155,14 +160,23 @@ def _p(spec: str) -> tuple[Param, ...]:
 
 
 _STATE_PARAMS = "h0:*fp32 ht:*fp32 state_indices:*i32 o:*{dtype}"
+
+
+def _gate_flags(family: str, first: int) -> tuple[Flag, ...]:
+    """The gating bits of a family that reads g and beta (gdn_prepare, gdn_fused), from bit `first` up."""
+    return (Flag(f"{family}_GATE_IN_KERNEL", first, "GATE_IN_KERNEL", "g = -exp(A_log) softplus(g + dt_bias)"),
+            Flag(f"{family}_GATE_BIAS", first * 2, "GATE_BIAS", "add dt_bias in that formula"),
+            Flag(f"{family}_BETA_SIGMOID", first * 4, "BETA_SIGMOID", "beta = sigmoid(beta)"))
 FAMILIES = {f.name: f for f in (
     Family(
         "gdn_prepare", "prepare", "prepare_scan", ("slots", "H", 1),
         "varlen: (T // BT + num_seqs, H, 1); fixed: (num_seqs * cdiv(T, BT), H, 1)",
-        _p("q:*{dtype} k:*{dtype} v:*{dtype} g:*fp32 beta:*fp32 cu_seqlens:*i32 w:*{dtype}:workspace.w "
+        _p("q:*{dtype} k:*{dtype} v:*{dtype} g:*fp32 beta:*fp32 A_log:*fp32 dt_bias:*fp32 cu_seqlens:*i32 "
+           "w:*{dtype}:workspace.w "
            "u:*{dtype}:workspace.u gam:*fp32:workspace.gam qg:*fp32:workspace.qg kg:*fp32:workspace.kg "
            "T:i32:plan.T_arg num_seqs:i32 H:i32 HV:i32 flags:i32:flags"),
-        (Flag("PREPARE_L2NORM", 1, "L2NORM", "normalise k, fold the q/k row norms into qg and kg"),),
+        (Flag("PREPARE_L2NORM", 1, "L2NORM", "normalise k, fold the q/k row norms into qg and kg"),
+         *_gate_flags("PREPARE", 2)),
     ),
     Family(
         "gdn_scan", "scan", "prepare_scan", ("num_seqs", "HV", "ztiles"), "(num_seqs, HV, V // BV)",
@@ -176,13 +190,15 @@ FAMILIES = {f.name: f for f in (
     ),
     Family(
         "gdn_fused", "fused", "fused", ("num_seqs", "HV", 1), "(num_seqs, HV, 1)",
-        _p("q:*{dtype} k:*{dtype} v:*{dtype} g:*fp32 beta:*fp32 cu_seqlens:*i32 " + _STATE_PARAMS
+        _p("q:*{dtype} k:*{dtype} v:*{dtype} g:*fp32 beta:*fp32 A_log:*fp32 dt_bias:*fp32 cu_seqlens:*i32 "
+           + _STATE_PARAMS
            + " scale:fp32 T:i32:plan.T_arg H:i32 HV:i32 flags:i32:flags"),
         (Flag("FUSED_L2NORM", 1, "L2NORM", "normalise the q and k rows"),
          Flag("FUSED_HAS_H0", 2, "HAS_H0", "read the initial state"),
          Flag("FUSED_STORE_HT", 4, "STORE_HT", "write the final state"),
          Flag("FUSED_USE_INDICES", 8, "USE_INDICES",
-              "state slot = state_indices[sequence] (-1: zero state, not written)")),
+              "state slot = state_indices[sequence] (-1: zero state, not written)"),
+         *_gate_flags("FUSED", 16)),
     ),
 )}
 FLAGS = {fl.name: fl.bit for f in FAMILIES.values() for fl in f.flags}
@@ -236,7 +252,10 @@ ROUTE_FIELDS = (
 )
 CALL_FIELDS = (
     Field("stream", "CUstream", "Q", "c_uint64"),
-    *(_ptr(n) for n in ("q", "k", "v", "g", "beta", "cu_seqlens", "h0", "ht", "state_indices", "o")),
+    *(_ptr(n) for n in ("q", "k", "v", "g", "beta")),
+    _ptr("A_log", "[HV] fp32 with GATE_IN_KERNEL (else 0)"),
+    _ptr("dt_bias", "[HV] fp32 with GATE_BIAS (else 0)"),
+    *(_ptr(n) for n in ("cu_seqlens", "h0", "ht", "state_indices", "o")),
     _ptr("workspace", "GDN_AOT_WORKSPACE_ALIGN-byte aligned"),
     Field("workspace_bytes", "uint64_t", "Q", "c_uint64", "its size: at least the plan's workspace_bytes"),
     _i64("B", "q is [B, T, H, K]"),

@@ -162,7 +162,7 @@ def launch(c: Call, routes: Routes, route: Route, workspace: int, size: int) -> 
                | (0 if idx is None else _USE_INDICES))
     index = c.index
     call_args = _pack_call(
-        _raw_stream(index), c.q.data_ptr(), c.k.data_ptr(), c.v.data_ptr(), c.g.data_ptr(), c.beta.data_ptr(),
+        _raw_stream(index), c.q.data_ptr(), c.k.data_ptr(), c.v.data_ptr(), c.g.data_ptr(), c.beta.data_ptr(), 0, 0,
         0 if cu is None else cu.data_ptr(), 0 if h0 is None else h0.data_ptr(), 0 if ht is None else ht.data_ptr(),
         0 if idx is None else idx.data_ptr(), c.output.data_ptr(), workspace, size, c.B, c.T, c.num_seqs, c.H, c.HV,
         options, c.scale)  # CALL_FIELDS' order (loader/abi.py)
