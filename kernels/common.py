@@ -22,7 +22,8 @@ PREPARE_GATE_IN_KERNEL = gl.constexpr(_PREPARE_GATE_IN_KERNEL)
 PREPARE_GATE_BIAS = gl.constexpr(_PREPARE_GATE_BIAS)
 PREPARE_BETA_SIGMOID = gl.constexpr(_PREPARE_BETA_SIGMOID)
 GATE_MODE = gl.constexpr(1)  # GateSource.mode bits, the same for every family
-SIGMOID_MODE = gl.constexpr(2)
+BIAS_MODE = gl.constexpr(2)
+SIGMOID_MODE = gl.constexpr(4)
 SCAN_HAS_H0 = gl.constexpr(_SCAN_HAS_H0)
 SCAN_STORE_HT = gl.constexpr(_SCAN_STORE_HT)
 SCAN_USE_INDICES = gl.constexpr(_SCAN_USE_INDICES)
@@ -142,48 +143,46 @@ class GateSource:
     """Where a kernel reads the per-token gates g ([rows, HV] fp32, the log decay) and beta ([rows, HV] fp32) of
     one value head, and whether it computes them from raw inputs (fla's options, as fla defines them):
     use_gate_in_kernel: g holds the raw a, and g = -exp(A_log[h]) softplus(a + dt_bias[h]) (softplus(x) = x from
-    x = 20 on; dt_bias 0 when not given); use_beta_sigmoid_in_kernel: beta holds the raw b, beta = sigmoid(b).
-    Rows a mask leaves out read as 0 either way. The head's exp(A_log) and dt_bias are read once, at `make`."""
+    x = 20 on; no dt_bias when not given); use_beta_sigmoid_in_kernel: beta holds the raw b, beta = sigmoid(b).
+    Rows a mask leaves out read as 0 either way. The head's A_log and dt_bias are read where a chunk's g is
+    (cached loads): held across the chunk loop they would take registers the fused kernel's load partition does
+    not have."""
     g: gl.tensor
     beta: gl.tensor
-    rate: gl.tensor  # exp(A_log[h]) with use_gate_in_kernel, else 0
-    bias: gl.tensor  # dt_bias[h], or 0
-    mode: gl.tensor  # GATE_MODE | SIGMOID_MODE bits
+    A_log: gl.tensor  # the head's entry
+    dt_bias: gl.tensor
+    mode: gl.tensor  # GATE_MODE | BIAS_MODE | SIGMOID_MODE bits
 
     @gluon.constexpr_function
-    def __init__(self, g, beta, rate, bias, mode):
+    def __init__(self, g, beta, A_log, dt_bias, mode):
         self.g = g
         self.beta = beta
-        self.rate = rate
-        self.bias = bias
+        self.A_log = A_log
+        self.dt_bias = dt_bias
         self.mode = mode
 
     @gluon.jit
     def make(g, beta, A_log, dt_bias, i_hv, flags, GATE: gl.constexpr, BIAS: gl.constexpr, SIGMOID: gl.constexpr):
         """Value head i_hv's source, from a kernel's pointers and its `flags`, whose gating bits are GATE, BIAS,
-        SIGMOID (A_log and dt_bias are read only when those bits ask for them)."""
-        rate = 0.0
-        bias = 0.0
-        if flags & GATE:
-            rate = gl.exp(gl.load(A_log + i_hv))
-            if flags & BIAS:
-                bias = gl.load(dt_bias + i_hv)
-        mode = gl.where((flags & GATE) != 0, GATE_MODE, 0) | gl.where((flags & SIGMOID) != 0, SIGMOID_MODE, 0)
-        return GateSource(g, beta, rate, bias, mode)
+        SIGMOID."""
+        mode = (gl.where((flags & GATE) != 0, GATE_MODE, 0) | gl.where((flags & BIAS) != 0, BIAS_MODE, 0)
+                | gl.where((flags & SIGMOID) != 0, SIGMOID_MODE, 0))
+        return GateSource(g, beta, A_log + i_hv, dt_bias + i_hv, mode)
 
     @gluon.jit
     def rows(self, row0, HV):
         """The same head's source with element offsets that count rows from row0 (times HV)."""
         offset = row0.to(gl.int64) * HV
-        return GateSource(self.g + offset, self.beta + offset, self.rate, self.bias, self.mode)
+        return GateSource(self.g + offset, self.beta + offset, self.A_log, self.dt_bias, self.mode)
 
     @gluon.jit
     def log_decay(self, offs, live):
         """g at element offsets `offs`; 0 off `live`."""
         x = gl.load(self.g + offs, mask=live, other=0.0)
         if self.mode & GATE_MODE:
-            x = x + self.bias
-            x = gl.where(live, -self.rate * gl.where(x < 20.0, gl.log(1.0 + gl.exp(x)), x), 0.0)
+            if self.mode & BIAS_MODE:
+                x = x + gl.load(self.dt_bias)
+            x = gl.where(live, -gl.exp(gl.load(self.A_log)) * gl.where(x < 20.0, gl.log(1.0 + gl.exp(x)), x), 0.0)
         return x
 
     @gluon.jit

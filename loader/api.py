@@ -24,6 +24,8 @@ _FP32, _I32, _U8 = torch.float32, torch.int32, torch.uint8
 _ALIGN_MASK = WORKSPACE_ALIGN - 1
 _L2NORM, _HAS_H0 = OPTION_BITS["L2NORM"], OPTION_BITS["HAS_H0"]
 _STORE_HT, _USE_INDICES = OPTION_BITS["STORE_HT"], OPTION_BITS["USE_INDICES"]
+_GATE_IN_KERNEL, _GATE_BIAS = OPTION_BITS["GATE_IN_KERNEL"], OPTION_BITS["GATE_BIAS"]
+_BETA_SIGMOID = OPTION_BITS["BETA_SIGMOID"]
 _pack_call = CALL_ARGS.pack
 # torch's C entry points behind torch.cuda.current_device() and current_stream(i).cuda_stream, without their
 # Python layers; bound by _bind_cuda() on the first forward
@@ -48,6 +50,10 @@ def chunk_gated_delta_rule(
     validate: bool = False,
     artifacts: str | None = None,
     head_first: bool = False,
+    use_gate_in_kernel: bool = False,
+    A_log: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    use_beta_sigmoid_in_kernel: bool = False,
 ):
     """Gated DeltaNet prefill forward (inference only); returns ``(o, final_state or None)``.
 
@@ -73,13 +79,18 @@ def chunk_gated_delta_rule(
     sequence bound to [0, T], so malformed values give wrong rows but never touch memory out of bounds.
     artifacts: artifact root (default: $GDN_AOT_ARTIFACTS, package data, ./artifacts).
 
+    The gating in the kernels (fla's options): use_gate_in_kernel=True makes g the raw gate input a [B, T, HV]
+    and the kernels compute g = -exp(A_log) * softplus(a + dt_bias) per value head (A_log, dt_bias: [HV], any
+    float dtype; dt_bias optional); use_beta_sigmoid_in_kernel=True makes beta the raw b, beta = sigmoid(b).
+
     Raises TypeError/ValueError naming the bad argument; RuntimeError when an input requires grad under grad
     mode (there is no backward: call it under torch.no_grad() / torch.inference_mode(), or detach the inputs);
     gdn_aot.loader.errors types for missing or corrupt artifacts and unsupported devices. Inputs are never
     modified (except the state pool, as documented).
     """
     call = check_call(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-                      cu_seqlens, transpose_state, state_indices, output, output_state, validate, head_first)
+                      cu_seqlens, transpose_state, state_indices, output, output_state, validate, head_first,
+                      use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel)
     routes, route = select(call, artifacts)
     work, address, size = allocate(call, route)  # `work` stays referenced until the launches are enqueued
     launch(call, routes, route, address, size)
@@ -132,8 +143,8 @@ def allocate(c: Call, route: Route) -> tuple[torch.Tensor, int, int]:
 
 
 def _kernel_inputs(c: Call) -> None:
-    """Contiguous q, k, v; g, beta and the initial state fp32; cu_seqlens and state_indices int32. Each is
-    converted (one device copy) only where it is not already so."""
+    """Contiguous q, k, v; g, beta, A_log, dt_bias and the initial state fp32; cu_seqlens and state_indices int32.
+    Each is converted (one device copy) only where it is not already so."""
     if not c.q.is_contiguous():
         c.q = c.q.contiguous()
     if not c.k.is_contiguous():
@@ -145,6 +156,10 @@ def _kernel_inputs(c: Call) -> None:
         c.g = g.to(_FP32).contiguous()
     if beta.dtype is not _FP32 or not beta.is_contiguous():
         c.beta = beta.to(_FP32).contiguous()
+    if c.gate_in_kernel:
+        c.A_log = c.A_log.to(_FP32).contiguous()
+        if c.dt_bias is not None:
+            c.dt_bias = c.dt_bias.to(_FP32).contiguous()
     if cu is not None and (cu.dtype is not _I32 or not cu.is_contiguous()):
         c.cu_seqlens = cu.to(_I32).contiguous()
     if c.state_indices is not None:
@@ -160,9 +175,18 @@ def launch(c: Call, routes: Routes, route: Route, workspace: int, size: int) -> 
     h0, ht, idx, cu = c.initial_state, c.output_state, c.state_indices, c.cu_seqlens
     options = ((_L2NORM if c.l2norm else 0) | (0 if h0 is None else _HAS_H0) | (0 if ht is None else _STORE_HT)
                | (0 if idx is None else _USE_INDICES))
+    a_log = dt_bias = 0
+    if c.gate_in_kernel or c.beta_sigmoid:
+        options |= (_GATE_IN_KERNEL if c.gate_in_kernel else 0) | (_BETA_SIGMOID if c.beta_sigmoid else 0)
+        if c.gate_in_kernel:
+            a_log = c.A_log.data_ptr()
+            if c.dt_bias is not None:
+                options |= _GATE_BIAS
+                dt_bias = c.dt_bias.data_ptr()
     index = c.index
     call_args = _pack_call(
-        _raw_stream(index), c.q.data_ptr(), c.k.data_ptr(), c.v.data_ptr(), c.g.data_ptr(), c.beta.data_ptr(), 0, 0,
+        _raw_stream(index), c.q.data_ptr(), c.k.data_ptr(), c.v.data_ptr(), c.g.data_ptr(), c.beta.data_ptr(), a_log,
+        dt_bias,
         0 if cu is None else cu.data_ptr(), 0 if h0 is None else h0.data_ptr(), 0 if ht is None else ht.data_ptr(),
         0 if idx is None else idx.data_ptr(), c.output.data_ptr(), workspace, size, c.B, c.T, c.num_seqs, c.H, c.HV,
         options, c.scale)  # CALL_FIELDS' order (loader/abi.py)

@@ -3,9 +3,10 @@
     - from fla.ops.gated_delta_rule import chunk_gated_delta_rule
     + from gdn_aot.loader.fla_compat import chunk_gated_delta_rule
 
-Same positional order and keywords as fla 0.6.0. fla features that change the math and are not built here
-(use_beta_sigmoid_in_kernel, allow_neg_eigval, use_gate_in_kernel, context parallel) raise NotImplementedError
-rather than computing something else; chunk_indices and chunk_size=64 are accepted and unneeded.
+Same positional order and keywords as fla 0.6.0, including the gating in the kernels (use_gate_in_kernel with
+A_log and dt_bias, use_beta_sigmoid_in_kernel). fla features that change the math and are not built here
+(allow_neg_eigval, context parallel) raise NotImplementedError rather than computing something else;
+chunk_indices and chunk_size=64 are accepted and unneeded.
 """
 from __future__ import annotations
 
@@ -38,21 +39,23 @@ def chunk_gated_delta_rule(
 
     With cu_seqlens_cpu (fla's host copy) the sequence bounds are validated for free, without a device sync.
     """
-    for name, on in (("use_beta_sigmoid_in_kernel", use_beta_sigmoid_in_kernel),
-                     ("allow_neg_eigval", allow_neg_eigval), ("cp_context", cp_context is not None),
-                     ("use_gate_in_kernel", kwargs.pop("use_gate_in_kernel", False))):
+    for name, on in (("allow_neg_eigval", allow_neg_eigval), ("cp_context", cp_context is not None)):
         if on:
             raise NotImplementedError(f"gdn_aot does not implement fla's {name}")
     if kwargs.pop("chunk_size", 64) != 64:
         raise NotImplementedError("gdn_aot's kernels use chunk_size=64")
     state_v_first = kwargs.pop("transpose_state_layout", state_v_first)
     head_first = kwargs.pop("head_first", False)  # vLLM's vendored fla passes head_first=False
-    kwargs.pop("A_log", None), kwargs.pop("dt_bias", None)
+    use_gate_in_kernel = kwargs.pop("use_gate_in_kernel", False)
+    A_log, dt_bias = kwargs.pop("A_log", None), kwargs.pop("dt_bias", None)
     if kwargs:
         raise TypeError(f"unexpected keyword arguments: {sorted(kwargs)}")
     if cu_seqlens_cpu is not None:
         check_bounds(cu_seqlens_cpu.tolist(), q.shape[1])
     return _forward(q, k, v, g, beta, scale=scale, initial_state=initial_state,
                     output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-                    cu_seqlens=cu_seqlens, transpose_state=state_v_first, head_first=head_first)
+                    cu_seqlens=cu_seqlens, transpose_state=state_v_first, head_first=head_first,
+                    use_gate_in_kernel=use_gate_in_kernel, A_log=A_log if use_gate_in_kernel else None,
+                    dt_bias=dt_bias if use_gate_in_kernel else None,
+                    use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel)
 

@@ -24,11 +24,12 @@ class Call:
 
     __slots__ = ("q", "k", "v", "g", "beta", "cu_seqlens", "initial_state", "state_indices", "output",
                  "output_state", "output_final_state", "dtype", "B", "T", "H", "HV", "K", "V", "num_seqs", "scale",
-                 "l2norm", "transpose", "state_shape", "index")
+                 "l2norm", "transpose", "state_shape", "index", "A_log", "dt_bias", "gate_in_kernel", "beta_sigmoid")
 
 
 def check_call(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens,
-               transpose_state, state_indices, output, output_state, validate, head_first) -> Call:
+               transpose_state, state_indices, output, output_state, validate, head_first, use_gate_in_kernel=False,
+               A_log=None, dt_bias=None, use_beta_sigmoid_in_kernel=False) -> Call:
     """The public arguments (gdn_aot.chunk_gated_delta_rule's, in its order), checked; returns the Call."""
     if head_first:
         raise ValueError("head_first=True is not supported: pass q, k, v as [B, T, H, D] (fla's default layout)")
@@ -42,6 +43,10 @@ def check_call(q, k, v, g, beta, scale, initial_state, output_final_state, use_q
     c.g, c.beta, c.cu_seqlens, c.state_indices, c.initial_state = g, beta, cu_seqlens, state_indices, initial_state
     c.output, c.output_state, c.output_final_state = output, output_state, output_final_state
     c.l2norm, c.transpose = use_qk_l2norm_in_kernel, transpose_state
+    c.A_log = c.dt_bias = None
+    c.gate_in_kernel = c.beta_sigmoid = False
+    if use_gate_in_kernel or use_beta_sigmoid_in_kernel or A_log is not None or dt_bias is not None:
+        _check_gating(c, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel)
     c.scale = c.K ** -0.5 if scale is None else float(scale)
     if not math.isfinite(c.scale):
         raise ValueError(f"scale must be a finite number, got {c.scale}")
@@ -50,8 +55,10 @@ def check_call(q, k, v, g, beta, scale, initial_state, output_final_state, use_q
     if output is not None:
         _check_output(output, v)
     if _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or g.requires_grad
-                            or beta.requires_grad or (initial_state is not None and initial_state.requires_grad)):
-        _refuse_grad(q, k, v, g, beta, initial_state)
+                            or beta.requires_grad or (initial_state is not None and initial_state.requires_grad)
+                            or (A_log is not None and A_log.requires_grad)
+                            or (dt_bias is not None and dt_bias.requires_grad)):
+        _refuse_grad(q, k, v, g, beta, initial_state, A_log, dt_bias)
     c.index = _check_devices(c)
     return c
 
@@ -181,6 +188,27 @@ def _check_state(name, x, shape, transpose, written: bool):
         raise ValueError(f"{name} must be contiguous (the kernels write it in place), got strides {x.stride()}")
 
 
+def _check_gating(c: Call, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel) -> None:
+    """fla's gating options: with use_gate_in_kernel, g is the raw a and A_log (and optionally dt_bias) are [HV]
+    float tensors; A_log and dt_bias without it are a mistake (they would be ignored)."""
+    if use_gate_in_kernel:
+        for name, x in (("A_log", A_log), ("dt_bias", dt_bias)):
+            if x is None and name == "dt_bias":
+                continue
+            _check_tensor(name, x, dims=1)
+            if x.dtype not in FLOAT_DTYPES:
+                raise TypeError(f"{name} must be float32, bfloat16 or float16, got {x.dtype}")
+            if x.shape[0] != c.HV:
+                raise ValueError(f"{name} must have shape [HV] = [{c.HV}] (one value a value head), got "
+                                 f"{tuple(x.shape)}")
+    elif A_log is not None or dt_bias is not None:
+        raise ValueError("A_log and dt_bias are read only with use_gate_in_kernel=True (g is then the raw gate "
+                         "input a); pass use_gate_in_kernel=True, or drop them and pass g = -exp(A_log) * "
+                         "softplus(a + dt_bias)")
+    c.gate_in_kernel, c.beta_sigmoid = bool(use_gate_in_kernel), bool(use_beta_sigmoid_in_kernel)
+    c.A_log, c.dt_bias = (A_log, dt_bias) if use_gate_in_kernel else (None, None)
+
+
 def _check_output(output, v):
     _check_tensor("output", output, dims=4, dtype=v.dtype)
     if output.shape != v.shape or not output.is_contiguous():
@@ -188,9 +216,10 @@ def _check_output(output, v):
                          f"{tuple(output.shape)} with strides {output.stride()}")
 
 
-def _refuse_grad(q, k, v, g, beta, initial_state):
+def _refuse_grad(q, k, v, g, beta, initial_state, A_log, dt_bias):
     name = next(n for n, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta),
-                               ("initial_state", initial_state)) if x is not None and x.requires_grad)
+                               ("initial_state", initial_state), ("A_log", A_log), ("dt_bias", dt_bias))
+                if x is not None and x.requires_grad)
     raise RuntimeError(
         f"gdn_aot.chunk_gated_delta_rule is a forward-only (inference) kernel, but {name} requires grad while torch "
         "grad mode is on, and no backward exists. Call it under torch.no_grad() or torch.inference_mode(), or pass "
@@ -206,12 +235,16 @@ def _check_devices(c: Call) -> int:
         raise ValueError(f"q must be on a CUDA device, got {q.device}")
     index = q.get_device()
     cu, idx, h0, ht, o = c.cu_seqlens, c.state_indices, c.initial_state, c.output_state, c.output
+    a_log, dt_bias = c.A_log, c.dt_bias
     if (c.k.get_device() != index or c.v.get_device() != index or c.g.get_device() != index
             or c.beta.get_device() != index or (cu is not None and cu.get_device() != index)
             or (idx is not None and idx.get_device() != index) or (h0 is not None and h0.get_device() != index)
-            or (ht is not None and ht.get_device() != index) or (o is not None and o.get_device() != index)):
+            or (ht is not None and ht.get_device() != index) or (o is not None and o.get_device() != index)
+            or (a_log is not None and a_log.get_device() != index)
+            or (dt_bias is not None and dt_bias.get_device() != index)):
         name, x = next((n, x) for n, x in (
             ("k", c.k), ("v", c.v), ("g", c.g), ("beta", c.beta), ("cu_seqlens", cu), ("state_indices", idx),
-            ("initial_state", h0), ("output_state", ht), ("output", o)) if x is not None and x.device != q.device)
+            ("initial_state", h0), ("output_state", ht), ("output", o), ("A_log", a_log), ("dt_bias", dt_bias))
+            if x is not None and x.device != q.device)
         raise ValueError(f"{name} is on {x.device} but q is on {q.device}: all tensors must be on one device")
     return index

@@ -107,7 +107,8 @@ def forward_args(prepare_struct=None, scan_struct=None, fused_struct=None, **ove
     fused = fused_struct is not None and prepare_struct is None
     values = dict(route=decl.ROUTES["fused" if fused else "prepare_scan"].id, prepare=address(prepare_struct),
                   scan=address(scan_struct), fused=address(fused_struct), K=128, V=128, BT=64, BV=0 if fused else 64,
-                  elt=2, stream=0, q=1 << 20, k=2 << 20, v=3 << 20, g=4 << 20, beta=5 << 20, cu_seqlens=6 << 20, h0=0,
+                  elt=2, stream=0, q=1 << 20, k=2 << 20, v=3 << 20, g=4 << 20, beta=5 << 20, A_log=0, dt_bias=0,
+                  cu_seqlens=6 << 20, h0=0,
                   ht=0, state_indices=0, o=7 << 20, workspace=1 << 30, workspace_bytes=8 << 20, B=1, T=200, num_seqs=3,
                   H=2, HV=4, options=decl.OPTION_BITS["L2NORM"], scale=128 ** -0.5)
     values.update(over)

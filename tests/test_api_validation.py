@@ -26,6 +26,12 @@ def call(**over):
 
 CASES = [
     (dict(q=[1, 2]), TypeError, "q must be a torch.Tensor"),
+    (dict(A_log=torch.zeros(4)), ValueError, "A_log and dt_bias are read only with use_gate_in_kernel=True"),
+    (dict(use_gate_in_kernel=True), TypeError, "A_log must be a torch.Tensor"),
+    (dict(use_gate_in_kernel=True, A_log=torch.zeros(4, 1)), ValueError, "A_log must have 1 dimensions"),
+    (dict(use_gate_in_kernel=True, A_log=torch.zeros(3)), ValueError, "A_log must have shape \\[HV\\] = \\[4\\]"),
+    (dict(use_gate_in_kernel=True, A_log=torch.zeros(4), dt_bias=torch.zeros(4, dtype=torch.int32)), TypeError,
+     "dt_bias must be float32, bfloat16 or float16"),
     (dict(q=torch.randn(1, 8, 2, 128)), TypeError, "q must be torch.bfloat16 or torch.float16"),
     (dict(q=torch.randn(8, 2, 128, dtype=torch.bfloat16)), ValueError, "q must have 4 dimensions"),
     (dict(k=torch.randn(1, 8, 2, 128, dtype=torch.float16)), TypeError, "k must have q's dtype"),
@@ -190,18 +196,14 @@ def test_grad_mode_is_refused_with_a_way_out():
             chunk_gated_delta_rule(**args)
 
 
-def test_launch_packs_the_declared_fields(monkeypatch):
-    """The launch step's argument struct, read back by the declared field names (loader/abi.py): each field holds
-    what its name says (the route's half comes packed from the route)."""
+def launched_args(monkeypatch, c) -> dict:
+    """The launch step's argument struct for Call c, as the launcher would receive it, by field name (the route's
+    half packed as a route of prepare variant 11 and scan variant 12 would be; stream 77, a 256-byte workspace at
+    4096)."""
     from types import SimpleNamespace
 
-    from gdn_aot.loader.abi import FORWARD_ARG_FIELDS, FORWARD_ARGS, OPTION_BITS, ROUTE_ARGS
+    from gdn_aot.loader.abi import FORWARD_ARG_FIELDS, FORWARD_ARGS, ROUTE_ARGS
 
-    h0 = torch.randn(1, 4, 128, 128)
-    cu = torch.tensor([0, 8], dtype=torch.int32)
-    c = checked_call(monkeypatch, initial_state=h0, output_final_state=True, cu_seqlens=cu,
-                     use_qk_l2norm_in_kernel=True, scale=0.25)
-    allocate(c)
     sent = []
     route = SimpleNamespace(prefix=ROUTE_ARGS.pack(0, 11, 12, 0, 128, 128, 64, 64, 2))
     routes = SimpleNamespace(launcher=SimpleNamespace(gdn_aot_forward=lambda args: sent.append(args) or 0))
@@ -209,7 +211,20 @@ def test_launch_packs_the_declared_fields(monkeypatch):
     monkeypatch.setattr(api, "_raw_stream", lambda index: 77)
     api.launch(c, routes, route, 4096, 256)
     (args,) = sent
-    got = dict(zip([f.name for f in FORWARD_ARG_FIELDS], FORWARD_ARGS.unpack(args)))
+    return dict(zip([f.name for f in FORWARD_ARG_FIELDS], FORWARD_ARGS.unpack(args)))
+
+
+def test_launch_packs_the_declared_fields(monkeypatch):
+    """The launch step's argument struct, read back by the declared field names (loader/abi.py): each field holds
+    what its name says (the route's half comes packed from the route)."""
+    from gdn_aot.loader.abi import OPTION_BITS
+
+    h0 = torch.randn(1, 4, 128, 128)
+    cu = torch.tensor([0, 8], dtype=torch.int32)
+    c = checked_call(monkeypatch, initial_state=h0, output_final_state=True, cu_seqlens=cu,
+                     use_qk_l2norm_in_kernel=True, scale=0.25)
+    allocate(c)
+    got = launched_args(monkeypatch, c)
     assert {n: got[n] for n in ("route", "prepare", "scan", "fused", "K", "V", "BT", "BV", "elt")} == dict(
         route=0, prepare=11, scan=12, fused=0, K=128, V=128, BT=64, BV=64, elt=2)
     for name in ("q", "k", "v", "g", "beta", "cu_seqlens"):
@@ -218,3 +233,23 @@ def test_launch_packs_the_declared_fields(monkeypatch):
     assert got["state_indices"] == 0 and got["stream"] == 77 and (got["workspace"], got["workspace_bytes"]) == (4096, 256)
     assert (got["B"], got["T"], got["num_seqs"], got["H"], got["HV"], got["scale"]) == (1, 8, 1, 2, 4, 0.25)
     assert got["options"] == OPTION_BITS["L2NORM"] | OPTION_BITS["HAS_H0"] | OPTION_BITS["STORE_HT"]
+    assert got["A_log"] == got["dt_bias"] == 0  # no gating in the kernels asked for
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_launch_passes_the_gating_inputs(monkeypatch, with_bias):
+    """use_gate_in_kernel / use_beta_sigmoid_in_kernel: their option bits, and A_log and dt_bias as fp32 [HV]
+    (converted once from another dtype), in the launch's argument struct."""
+    from gdn_aot.loader.abi import OPTION_BITS
+
+    a_log = torch.randn(4, dtype=torch.bfloat16)
+    dt_bias = torch.randn(4) if with_bias else None
+    c = checked_call(monkeypatch, use_gate_in_kernel=True, A_log=a_log, dt_bias=dt_bias,
+                     use_beta_sigmoid_in_kernel=True)
+    allocate(c)
+    assert c.A_log.dtype == torch.float32 and torch.equal(c.A_log, a_log.float())
+    got = launched_args(monkeypatch, c)
+    bias_bit = OPTION_BITS["GATE_BIAS"] if with_bias else 0
+    assert got["options"] == OPTION_BITS["GATE_IN_KERNEL"] | OPTION_BITS["BETA_SIGMOID"] | bias_bit
+    assert got["A_log"] == c.A_log.data_ptr()
+    assert got["dt_bias"] == (dt_bias.data_ptr() if with_bias else 0)

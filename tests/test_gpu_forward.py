@@ -144,6 +144,34 @@ def test_gate_extremes(g_range):
     run_case(f"g in {g_range}", [1000, 37, 300], g_range=g_range)
 
 
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_gating_in_kernel(with_bias):
+    """use_gate_in_kernel (g = -exp(A_log) softplus(a + dt_bias), fla's formula) and use_beta_sigmoid_in_kernel
+    (beta = sigmoid(b)): the same results as the forward given the gates torch computes, and the reference's."""
+    import gdn_aot
+
+    lens, HV = [1, 63, 0, 65, 130], 4
+    q, k, v, _, _, cu = make_inputs(lens, 2, HV, torch.bfloat16)
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    a = torch.randn(1, sum(lens), HV, device="cuda", generator=gen).to(torch.bfloat16)  # as a projection gives it
+    b = 2 * torch.randn(1, sum(lens), HV, device="cuda", generator=gen)
+    A_log = torch.randn(HV, device="cuda", generator=gen) - 1
+    dt_bias = torch.randn(HV, device="cuda", generator=gen) if with_bias else None
+    g = -A_log.exp() * torch.nn.functional.softplus(a.float() + (0 if dt_bias is None else dt_bias))
+    beta = torch.sigmoid(b)
+    h0 = torch.randn(len(lens), HV, K, V, device="cuda")
+    kw = dict(initial_state=h0, output_final_state=True, cu_seqlens=cu, use_qk_l2norm_in_kernel=True)
+    o, ht = gdn_aot.chunk_gated_delta_rule(q, k, v, a, b, use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias,
+                                           use_beta_sigmoid_in_kernel=True, **kw)
+    o_ref, ht_ref = gdn_aot.chunk_gated_delta_rule(q, k, v, g, beta, **kw)
+    torch.cuda.synchronize()
+    assert rel_max_err(o.float().cpu(), o_ref.float().cpu()) <= 1e-2
+    assert rel_max_err(ht.cpu(), ht_ref.cpu()) <= 1e-2
+    ref_o, ref_ht = reference_outputs(q, k, v, g, beta, cu.tolist(), h0, True)
+    assert rel_max_err(o.float().reshape(ref_o.shape).cpu(), ref_o) <= TOL[torch.bfloat16]
+    assert rel_max_err(ht.cpu(), ref_ht) <= TOL[torch.bfloat16]
+
+
 @pytest.mark.parametrize("shape_class", ["single_wave", "small_batch", "default"])
 @pytest.mark.parametrize("transpose", [False, True])
 def test_every_dispatch_row(shape_class, transpose, monkeypatch):

@@ -63,7 +63,7 @@ def test_pick(tiny_build):
     for transpose, bv in ((False, None), (True, 32), (True, 64)):
         assert s.pick("gdn_prepare", dtype="bf16", varlen=True, transpose=transpose, BV=bv).key == prep_key
     p = s.kernel(prep_key)
-    assert [x["name"] for x in p.params][:6] == ["q", "k", "v", "g", "beta", "cu_seqlens"]
+    assert [x["name"] for x in p.params][:8] == ["q", "k", "v", "g", "beta", "A_log", "dt_bias", "cu_seqlens"]
     assert p.grid_rule.startswith("varlen: (T // BT + num_seqs, H, 1)")
     with pytest.raises(VariantNotBuilt, match="gdn_prepare"):  # tiny.yaml builds no fixed-length prepare
         s.pick("gdn_prepare", dtype="bf16", varlen=False)

@@ -191,9 +191,10 @@ static int upload(const gdn_aot_driver_t *d, batch_t *b) {
 static int launch_and_download(const gdn_aot_driver_t *d, const gdn_aot_kernel_t *kern, batch_t *b) {
     unsigned gx = (unsigned)(b->rows / 64 + NSEQ), gy = H, gz = 1;
     if (kern->scratch_size) CHECK(d->MemAlloc(&b->scratch, (size_t)kern->scratch_size * gx * gy * gz));
-    CHECK(gdn_aot_launch_gdn_prepare(kern, NULL, gx, gy, gz, b->q, b->k, b->v, b->g, b->beta, b->cu_dev, b->w, b->u,
-                                     b->gam_dev, b->qg_dev, b->kg_dev, b->rows /* T = rows (varlen) */, NSEQ, H, HV,
-                                     GDN_AOT_PREPARE_L2NORM, b->scratch));
+    CHECK(gdn_aot_launch_gdn_prepare(kern, NULL, gx, gy, gz, b->q, b->k, b->v, b->g, b->beta,
+                                     0 /* A_log */, 0 /* dt_bias: g and beta are given as is */, b->cu_dev, b->w,
+                                     b->u, b->gam_dev, b->qg_dev, b->kg_dev, b->rows /* T = rows (varlen) */, NSEQ, H,
+                                     HV, GDN_AOT_PREPARE_L2NORM, b->scratch));
     CHECK(d->CtxSynchronize());
     CHECK(d->MemcpyDtoH(b->gam, b->gam_dev, b->ng * 4));
     CHECK(d->MemcpyDtoH(b->qg, b->qg_dev, b->ng * 4));
