@@ -111,6 +111,7 @@ def _rows(manifests) -> list[dict]:
             a, res = e["axes"], e.get("resources", {})
             rows.append({"arch": m.arch, "kernel": e["kernel"], "BT": a["BT"], "BK": a["BK"], "BV": a["BV"],
                          "dtype": a["dtype"], "varlen": a["varlen"], "transpose": a["transpose"],
+                         "state_dtype": a["state_dtype"], "gating": a["gating"], "checkpoints": a["checkpoints"],
                          "warps": e["num_warps"], "shared": e["shared"], "regs": res.get("registers"),
                          "spills": res.get("spill_stores", 0) + res.get("spill_loads", 0),
                          "cubin_bytes": e["cubin"]["size"], "key": key, "status": "ok"})
@@ -118,6 +119,11 @@ def _rows(manifests) -> list[dict]:
             rows.append({"arch": m.arch, "key": key, "kernel": key.split(".")[0], "status": "failed",
                          "log": str(m.dir / log)})
     return rows
+
+
+def _options(row: dict) -> str:
+    """A variant's functional options in a word: gate (gating), ckpt (checkpoints), - (neither)."""
+    return ",".join(w for w, on in (("gate", row["gating"]), ("ckpt", row["checkpoints"])) if on) or "-"
 
 
 @main.command("list")
@@ -132,8 +138,8 @@ def list_cmd(dir, as_json):
     if as_json:
         click.echo(json.dumps(rows, indent=1))
         return
-    head = f"{'arch':8} {'kernel':12} {'BT/BK/BV':12} {'dtype':5} {'varlen':6} {'transp':6} {'warps':5} " \
-           f"{'shared':>7} {'regs/spills':>11} {'cubin':>8}"
+    head = f"{'arch':8} {'kernel':12} {'BT/BK/BV':12} {'dtype':5} {'varlen':6} {'transp':6} {'state':7} " \
+           f"{'options':8} {'warps':5} {'shared':>7} {'regs/spills':>11} {'cubin':>8}"
     click.secho(head, bold=True)
     for r in rows:
         if r["status"] == "failed":
@@ -142,7 +148,7 @@ def list_cmd(dir, as_json):
         spill = click.style(f"{r['regs']}/{r['spills']}".rjust(11), fg="red" if r["spills"] else None)
         click.echo(f"{r['arch']:8} {click.style(r['kernel'].ljust(12), fg='cyan')} "
                    f"{r['BT']}/{r['BK']}/{r['BV']:<6} {r['dtype']:5} {str(r['varlen']):6} {str(r['transpose']):6} "
-                   f"{r['warps']:5} {r['shared']:7} {spill} {r['cubin_bytes']:8}")
+                   f"{r['state_dtype']:7} {_options(r):8} {r['warps']:5} {r['shared']:7} {spill} {r['cubin_bytes']:8}")
     ok = [r for r in rows if r["status"] == "ok"]
     failed = len(rows) - len(ok)
     per_arch = ", ".join(f"{a}: {sum(r['arch'] == a for r in ok)}" for a in dict.fromkeys(r["arch"] for r in rows))

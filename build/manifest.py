@@ -15,8 +15,9 @@ from ..loader.abi import MANIFEST_SCHEMA_VERSION
 MANIFEST = "manifest.json"
 TSV = "kernels.tsv"
 TSV_COLUMNS = ("key", "kernel", "entry", "cubin", "num_warps", "shared", "global_scratch_size",
-               "global_scratch_align", "grid", "dtype", "K", "V", "BT", "BK", "BV", "varlen", "transpose")
-TSV_AXES = ("dtype", "K", "V", "BT", "BK", "BV", "varlen", "transpose")  # booleans as 0/1
+               "global_scratch_align", "grid", "dtype", "K", "V", "BT", "BK", "BV", "varlen", "transpose",
+               "state_dtype", "gating", "checkpoints")
+TSV_AXES = TSV_COLUMNS[9:]  # booleans as 0/1
 
 
 def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:

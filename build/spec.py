@@ -14,6 +14,9 @@ A spec is one YAML file. Schema (every key optional unless marked *):
         dtype: [bf16, fp16]     # * input dtype, bf16 | fp16
         varlen: [true, false]   # cu_seqlens-packed batch or fixed-length batch   (default [false])
         transpose: [false]      # state stored [V, K] instead of [K, V]           (default [false])
+        state_dtype: [fp32, bf16]   # how h0 and ht are stored: fp32 | bf16 | fp16 | fp8e4m3 | fp8e5m2 (default [fp32])
+        gating: [false, true]   # variants that compute g, beta from raw inputs on request (default [false])
+        checkpoints: [false]    # variants that write the state every N tokens on request (default [false])
         launch:                 # per arch launch choices                (default num_warps [4], num_stages [1])
           sm_90a:  {num_warps: [4], num_stages: [1]}
           sm_100a: {num_warps: [4]}
@@ -50,12 +53,14 @@ from typing import Any
 import yaml
 
 from ..kernels import KERNELS
-from ..kernels.registry import ARCHES, DTYPES, Variant, arch_family
+from ..kernels.registry import ARCHES, DTYPES, STATE_DTYPES, Variant, arch_family
 from ..loader.abi import FAMILIES, ROUTES
 from ..loader.dispatch import DEFAULT_SMALL_BATCH_FACTOR, ROUTE_PREFERENCES, SCAN_PREFERENCES, SHAPE_CLASSES
 
-AXES = ("K", "V", "BT", "BK", "BV", "dtype", "varlen", "transpose")
-LIST_AXES = ("BT", "BK", "BV", "dtype", "varlen", "transpose")
+AXES = ("K", "V", "BT", "BK", "BV", "dtype", "varlen", "transpose", "state_dtype", "gating", "checkpoints")
+LIST_AXES = AXES[2:]
+BOOL_AXES = ("varlen", "transpose", "gating", "checkpoints")
+STR_AXES = ("dtype", "state_dtype")
 LAUNCH_KEYS = ("num_warps", "num_stages")
 EXCLUDE_KEYS = AXES + LAUNCH_KEYS + ("arch",)
 TOP_KEYS = ("K", "V", "arches", "kernels", "dispatch")
@@ -175,12 +180,10 @@ def _kernel_variants(P: "_Parser", doc: dict, name: str, body, arches) -> tuple[
     excludes = P.excludes(body.get("exclude"), f"{kp}.exclude")
     variants = []
     for arch in arches:
-        for bt, bk, bv, dt, vl, tr, nw, ns in itertools.product(
-            ax["BT"], ax["BK"], ax["BV"], ax["dtype"], ax["varlen"], ax["transpose"],
-            launch[arch]["num_warps"], launch[arch]["num_stages"],
-        ):
-            v = Variant(kernel=name, arch=arch, K=K, V=V, BT=bt, BK=bk, BV=bv, dtype=dt, varlen=vl,
-                        transpose=tr, num_warps=nw, num_stages=ns)
+        for values in itertools.product(*(ax[a] for a in LIST_AXES), launch[arch]["num_warps"],
+                                        launch[arch]["num_stages"]):
+            point = dict(zip(LIST_AXES + LAUNCH_KEYS, values))
+            v = Variant(kernel=name, arch=arch, K=K, V=V, **point)
             d = v.as_dict()
             if not any(all(d[k] == x for k, x in ex.items()) for ex in excludes):
                 variants.append(v)
@@ -245,6 +248,9 @@ class _Parser:
             "dtype": self.values(body, "dtype", kp, str, None),
             "varlen": self.values(body, "varlen", kp, bool, [False]),
             "transpose": self.values(body, "transpose", kp, bool, [False]),
+            "state_dtype": self.values(body, "state_dtype", kp, str, ["fp32"]),
+            "gating": self.values(body, "gating", kp, bool, [False]),
+            "checkpoints": self.values(body, "checkpoints", kp, bool, [False]),
         }
         for bt in ax["BT"]:
             if bt <= 0 or bt & (bt - 1):
@@ -256,6 +262,9 @@ class _Parser:
         for d in ax["dtype"]:
             if d not in DTYPES:
                 raise self.err(f"{kp}.dtype", f"dtype must be one of {list(DTYPES)}", d)
+        for d in ax["state_dtype"]:
+            if d not in STATE_DTYPES:
+                raise self.err(f"{kp}.state_dtype", f"state_dtype must be one of {list(STATE_DTYPES)}", d)
         return ax
 
     def arch_list(self, raw, kp):
@@ -304,7 +313,7 @@ class _Parser:
                 raise self.err(ekp, "expected a non-empty mapping such as {dtype: fp16, BV: 64}", ex)
             self.keys(ex, EXCLUDE_KEYS, ekp)
             for k, x in ex.items():
-                ty = str if k in ("dtype", "arch") else bool if k in ("varlen", "transpose") else int
+                ty = str if k in STR_AXES + ("arch",) else bool if k in BOOL_AXES else int
                 self._typed(x, ty, f"{ekp}.{k}")
             out.append(dict(ex))
         return out

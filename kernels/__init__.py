@@ -44,10 +44,11 @@ def _fused_default_warps(v: Variant) -> int:
 GDN_PREPARE = KernelDef(
     name="gdn_prepare",
     params=abi.FAMILIES["gdn_prepare"].kernel_params,
-    constexprs=lambda v: {"K": v.K, "V": v.V, "BT": v.BT, "IS_VARLEN": v.varlen, "num_warps": v.num_warps},
+    constexprs=lambda v: {"K": v.K, "V": v.V, "BT": v.BT, "IS_VARLEN": v.varlen, "GATING": v.gating,
+                          "num_warps": v.num_warps},
     sources={"sm90": ".prepare_sm90:prepare_kernel", "sm100": ".prepare_sm100:prepare_kernel"},
     grid=abi.FAMILIES["gdn_prepare"].grid_doc,
-    uses_axes=frozenset({"dtype", "K", "V", "BT", "varlen"}),
+    uses_axes=frozenset({"dtype", "K", "V", "BT", "varlen", "gating"}),
     doc="per chunk and key head, for each of its value heads: gam = cumsum(g); Tc = (I + A)^-1; "
     "w = Tc (beta e^gam k); u = Tc (beta v); "
     "qg = gam + ln rq, kg = gam - ln rk per row, where rq, rk = "
@@ -65,7 +66,7 @@ GDN_SCAN = KernelDef(
                        else {"num_warps": v.num_warps, "num_stages": v.num_stages}),
     sources={"sm90": ".scan_sm90:scan_kernel", "sm100": ".scan_sm100:scan_kernel"},
     grid=abi.FAMILIES["gdn_scan"].grid_doc,
-    uses_axes=frozenset({"dtype", "K", "V", "BT", "BV", "varlen", "transpose"}),
+    uses_axes=frozenset({"dtype", "K", "V", "BT", "BV", "varlen", "transpose", "state_dtype"}),
     doc="per (sequence, value head, V tile): v_new = u - w h; o = scale (e^gam q h + (q k^T . M) v_new); "
     "h = e^gam_last h + k^T (e^(gam_last - gam) v_new)",
 )
@@ -74,12 +75,12 @@ GDN_FUSED = KernelDef(
     name="gdn_fused",
     params=abi.FAMILIES["gdn_fused"].kernel_params,
     constexprs=lambda v: {"K": v.K, "V": v.V, "BT": v.BT, "IS_VARLEN": v.varlen, "TRANSPOSE_STATE": v.transpose,
-                          "num_warps": _fused_default_warps(v)},
+                          "GATING": v.gating, "num_warps": _fused_default_warps(v)},
     options=lambda v: (_warp_specialized_options(v, FUSED_WS_DEFAULT) if v.num_warps == FUSED_WS_WARPS
                        else {"num_warps": v.num_warps, "num_stages": v.num_stages}),
     sources={"sm90": ".fused_sm90:fused_kernel", "sm100": ".fused_sm100:fused_kernel"},
     grid=abi.FAMILIES["gdn_fused"].grid_doc,
-    uses_axes=frozenset({"dtype", "K", "V", "BT", "varlen", "transpose"}),
+    uses_axes=frozenset({"dtype", "K", "V", "BT", "varlen", "transpose", "state_dtype", "gating"}),
     doc="per (sequence, value head): the whole forward, prepare and scan of every chunk in one program",
 )
 

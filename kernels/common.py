@@ -146,51 +146,58 @@ class GateSource:
     x = 20 on; no dt_bias when not given); use_beta_sigmoid_in_kernel: beta holds the raw b, beta = sigmoid(b).
     Rows a mask leaves out read as 0 either way. The head's A_log and dt_bias are read where a chunk's g is
     (cached loads): held across the chunk loop they would take registers the fused kernel's load partition does
-    not have."""
+    not have. Only a GATING variant (the spec's `gating` axis) has the code of either option: the others read g
+    and beta as they are, with nothing of the gating left in their SASS."""
     g: gl.tensor
     beta: gl.tensor
     A_log: gl.tensor  # the head's entry
     dt_bias: gl.tensor
     mode: gl.tensor  # GATE_MODE | BIAS_MODE | SIGMOID_MODE bits
+    GATING: gl.constexpr
 
     @gluon.constexpr_function
-    def __init__(self, g, beta, A_log, dt_bias, mode):
+    def __init__(self, g, beta, A_log, dt_bias, mode, GATING):
         self.g = g
         self.beta = beta
         self.A_log = A_log
         self.dt_bias = dt_bias
         self.mode = mode
+        self.GATING = gl.constexpr(GATING)
 
     @gluon.jit
-    def make(g, beta, A_log, dt_bias, i_hv, flags, GATE: gl.constexpr, BIAS: gl.constexpr, SIGMOID: gl.constexpr):
+    def make(g, beta, A_log, dt_bias, i_hv, flags, GATING: gl.constexpr, GATE: gl.constexpr, BIAS: gl.constexpr,
+             SIGMOID: gl.constexpr):
         """Value head i_hv's source, from a kernel's pointers and its `flags`, whose gating bits are GATE, BIAS,
-        SIGMOID."""
+        SIGMOID (read only by a GATING variant)."""
         mode = (gl.where((flags & GATE) != 0, GATE_MODE, 0) | gl.where((flags & BIAS) != 0, BIAS_MODE, 0)
                 | gl.where((flags & SIGMOID) != 0, SIGMOID_MODE, 0))
-        return GateSource(g, beta, A_log + i_hv, dt_bias + i_hv, mode)
+        return GateSource(g, beta, A_log + i_hv, dt_bias + i_hv, mode, GATING)
 
     @gluon.jit
     def rows(self, row0, HV):
         """The same head's source with element offsets that count rows from row0 (times HV)."""
         offset = row0.to(gl.int64) * HV
-        return GateSource(self.g + offset, self.beta + offset, self.A_log, self.dt_bias, self.mode)
+        return GateSource(self.g + offset, self.beta + offset, self.A_log, self.dt_bias, self.mode, self.GATING)
 
     @gluon.jit
     def log_decay(self, offs, live):
         """g at element offsets `offs`; 0 off `live`."""
         x = gl.load(self.g + offs, mask=live, other=0.0)
-        if self.mode & GATE_MODE:
-            if self.mode & BIAS_MODE:
-                x = x + gl.load(self.dt_bias)
-            x = gl.where(live, -gl.exp(gl.load(self.A_log)) * gl.where(x < 20.0, gl.log(1.0 + gl.exp(x)), x), 0.0)
+        if self.GATING:
+            if self.mode & GATE_MODE:
+                if self.mode & BIAS_MODE:
+                    x = x + gl.load(self.dt_bias)
+                x = gl.where(live, -gl.exp(gl.load(self.A_log)) * gl.where(x < 20.0, gl.log(1.0 + gl.exp(x)), x),
+                             0.0)
         return x
 
     @gluon.jit
     def betas(self, offs, live):
         """beta at element offsets `offs`; 0 off `live`."""
         x = gl.load(self.beta + offs, mask=live, other=0.0)
-        if self.mode & SIGMOID_MODE:
-            x = gl.where(live, 1.0 / (1.0 + gl.exp(-x)), 0.0)
+        if self.GATING:
+            if self.mode & SIGMOID_MODE:
+                x = gl.where(live, 1.0 / (1.0 + gl.exp(-x)), 0.0)
         return x
 
 

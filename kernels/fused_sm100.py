@@ -251,7 +251,7 @@ def _state_partition(st, inputs, terms, o_desc, o_stage, seq_len):
 @gluon.jit
 def fused_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0, ht, state_indices, o, scale, T, H, HV, flags,
                  K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, IS_VARLEN: gl.constexpr,
-                 TRANSPOSE_STATE: gl.constexpr, num_warps: gl.constexpr):
+                 TRANSPOSE_STATE: gl.constexpr, GATING: gl.constexpr, num_warps: gl.constexpr):
     gl.static_assert(num_warps == STATE_WARPS, "the default partition is the two state warpgroups")
     gl.static_assert(BT == 64, "one warpgroup owns a chunk's 64 rows in the aux partition (tcgen05 M = 64)")
     gl.static_assert(V == 128, "S's V rows are the 128 TMEM lanes (tcgen05 M = 128)")
@@ -281,8 +281,8 @@ def fused_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0, ht, state_ind
     h = load_state_tile(h0, slot, i_hv, 0, HV, ((flags & HAS_H0) != 0) & (slot >= 0), K, V, V, TRANSPOSE_STATE, io)
     st.s.store(gl.convert_layout(gl.permute(h, [1, 0]), reg_vk))
 
-    gate_source = GateSource.make(g + i_hv, beta + i_hv, A_log, dt_bias, i_hv, flags, GATE_IN_KERNEL, GATE_BIAS,
-                                  BETA_SIGMOID)
+    gate_source = GateSource.make(g + i_hv, beta + i_hv, A_log, dt_bias, i_hv, flags, GATING, GATE_IN_KERNEL,
+                                  GATE_BIAS, BETA_SIGMOID)
     q_desc, k_desc, v_desc, o_desc, gate_source = head_tiles(q, k, v, o, gate_source, bos, seq_len, i_h, i_hv, H,
                                                              HV, K, V, BT)
     # --- shared memory: the rings (the state's MMAs empty an input slot), the aux's scratch, the output staging

@@ -554,7 +554,7 @@ def chunk_rings(q_desc, k_desc, v_desc):
 @gluon.jit
 def fused_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0, ht, state_indices, o, scale, T, H, HV, flags,
                  K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, IS_VARLEN: gl.constexpr,
-                 TRANSPOSE_STATE: gl.constexpr, num_warps: gl.constexpr):
+                 TRANSPOSE_STATE: gl.constexpr, GATING: gl.constexpr, num_warps: gl.constexpr):
     gl.static_assert(num_warps == STATE_WARPS, "the default partition is the two state warpgroups")
     gl.static_assert(BT == 64, "one warpgroup owns a chunk's 64 rows in the aux partition")
     dtype: gl.constexpr = q.dtype.element_ty
@@ -570,8 +570,8 @@ def fused_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0, ht, state_ind
     h = load_state_tile(h0, slot, i_hv, 0, HV, ((flags & HAS_H0) != 0) & (slot >= 0), K, V, V, TRANSPOSE_STATE, io)
     state = gl.convert_layout(gl.permute(h, [1, 0]), acc_vk)
 
-    gate_source = GateSource.make(g + i_hv, beta + i_hv, A_log, dt_bias, i_hv, flags, GATE_IN_KERNEL, GATE_BIAS,
-                                  BETA_SIGMOID)
+    gate_source = GateSource.make(g + i_hv, beta + i_hv, A_log, dt_bias, i_hv, flags, GATING, GATE_IN_KERNEL,
+                                  GATE_BIAS, BETA_SIGMOID)
     q_desc, k_desc, v_desc, o_desc, gate_source = head_tiles(q, k, v, o, gate_source, bos, seq_len, i_h, i_hv, H,
                                                              HV, K, V, BT)
     # --- shared memory: the three rings, the inverse's fp32 operand tiles, the output staging tile

@@ -181,7 +181,7 @@ def _serve_value_head(i_hv, j, v_phase, k_smem, v_smem, a_smem, bt_smem, row_vec
 @gluon.jit
 def prepare_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, w, u, gam, qg, kg, T, num_seqs, H, HV, flags,
                    K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, IS_VARLEN: gl.constexpr,
-                   num_warps: gl.constexpr):
+                   GATING: gl.constexpr, num_warps: gl.constexpr):
     gl.static_assert(BT == 64, "one CTA owns the 64 rows of a chunk (tcgen05 M = 64)")
     gl.static_assert((K <= 2 * BT) & (V <= 2 * BT), "w and u are staged in the fp32 [BT, BT] operand tiles")
     dtype: gl.constexpr = k.dtype.element_ty
@@ -236,7 +236,7 @@ def prepare_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, w, u, gam, qg, 
 
         for j in range(group):
             i_hv = i_h * group + j
-            gates = GateSource.make(g, beta, A_log, dt_bias, i_hv, flags, PREPARE_GATE_IN_KERNEL, PREPARE_GATE_BIAS,
+            gates = GateSource.make(g, beta, A_log, dt_bias, i_hv, flags, GATING, PREPARE_GATE_IN_KERNEL, PREPARE_GATE_BIAS,
                                     PREPARE_BETA_SIGMOID)
             _serve_value_head(i_hv, j, j & 1, k_smem, v_smem, a_smem, bt_smem, row_vecs,
                               bars.index(1), bars.index(2), w_tmem, u_tmem, v_desc, w_desc, u_desc,

@@ -133,7 +133,7 @@ def _serve_value_head(i_hv, k_smem, v, v_smem, tf32_smem, log_rq, log_rk, gates,
 @gluon.jit
 def prepare_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, w, u, gam, qg, kg, T, num_seqs, H, HV, flags,
                    K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, IS_VARLEN: gl.constexpr,
-                   num_warps: gl.constexpr):
+                   GATING: gl.constexpr, num_warps: gl.constexpr):
     gl.static_assert(BT == 64, "one warpgroup owns the 64 rows of a chunk")
     dtype: gl.constexpr = k.dtype.element_ty
     start, n_rows = sequence_of_chunk_slot(gl.program_id(0), cu_seqlens, T, num_seqs, BT, IS_VARLEN)
@@ -163,7 +163,7 @@ def prepare_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, w, u, gam, qg, 
         tf32_smem = gl.allocate_shared_memory(gl.float32, [2, BT, BT], f32_tt)
         for j in range(group):
             i_hv = i_h * group + j
-            gates = GateSource.make(g, beta, A_log, dt_bias, i_hv, flags, PREPARE_GATE_IN_KERNEL, PREPARE_GATE_BIAS,
+            gates = GateSource.make(g, beta, A_log, dt_bias, i_hv, flags, GATING, PREPARE_GATE_IN_KERNEL, PREPARE_GATE_BIAS,
                                     PREPARE_BETA_SIGMOID)
             _serve_value_head(i_hv, k_smem, v, v_smem, tf32_smem, log_rq, log_rk, gates, w, u,
                               gam, qg, kg, loop_variant(start, j), loop_variant(n_rows, j), HV, K, V, BT)

@@ -7,7 +7,8 @@ of a family come from the launcher ABI's declaration (loader/abi.py FAMILIES), w
 feeds each of them; the worker checks that the kernel function takes them in that order.
 
 Runtime parameter types use Triton's signature strings: ``*bf16``/``*fp16``/``*fp32``/``*i32`` for pointers
-(``*{dtype}`` is replaced by the variant's input dtype), ``i32``/``i64``/``fp32`` for scalars.
+(``*{dtype}`` is replaced by the variant's input dtype, ``*{state}`` by its state storage dtype),
+``i32``/``i64``/``fp32`` for scalars.
 """
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from typing import Callable
 
 ARCHES = ("sm_90a", "sm_100a")
 DTYPES = ("bf16", "fp16")
+# state storage dtypes (spec spelling -> Triton's): the initial and final state in HBM; the recurrence is fp32
+STATE_DTYPES = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8e4m3": "fp8e4nv", "fp8e5m2": "fp8e5"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,14 +39,20 @@ class Variant:
     transpose: bool  # state stored [V, K] instead of [K, V]
     num_warps: int
     num_stages: int
+    state_dtype: str = "fp32"  # STATE_DTYPES: how h0 and ht are stored
+    gating: bool = False  # computes g and beta from raw inputs where asked (fla's use_gate_in_kernel, ...)
+    checkpoints: bool = False  # writes the state every checkpoint_every_n_tokens tokens where asked
 
     @property
     def key(self) -> str:
-        """Stable, human-readable identifier; also the manifest key."""
+        """Stable, human-readable identifier; also the manifest key. The functional options name themselves
+        only where they differ from the default, so the plain variants keep their names."""
         return (
             f"{self.kernel}.{self.arch}.{self.dtype}.k{self.K}v{self.V}.bt{self.BT}bk{self.BK}bv{self.BV}"
             f".{'varlen' if self.varlen else 'fixed'}.{'vk' if self.transpose else 'kv'}"
-            f".w{self.num_warps}s{self.num_stages}"
+            + (f".state-{self.state_dtype}" if self.state_dtype != "fp32" else "")
+            + (".gating" if self.gating else "") + (".checkpoints" if self.checkpoints else "")
+            + f".w{self.num_warps}s{self.num_stages}"
         )
 
     def as_dict(self) -> dict:
@@ -84,7 +93,8 @@ class KernelDef:
 
     def signature(self, variant: Variant) -> dict[str, str]:
         """Triton signature: runtime params (dtype substituted) then constexprs, in the kernel's own order."""
-        sig = {name: ty.replace("{dtype}", variant.dtype) for name, ty in self.params}
+        state = STATE_DTYPES[variant.state_dtype]
+        sig = {name: ty.replace("{dtype}", variant.dtype).replace("{state}", state) for name, ty in self.params}
         for name in self.constexprs(variant):
             sig[name] = "constexpr"
         return sig

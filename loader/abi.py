@@ -29,10 +29,12 @@ import struct
 # 4: the gdn_fused family and routes: gdn_aot_forward_args_t starts with the route and its kernels, one `options`
 #    word replaces the two flag words; the dispatch table and gdn_aot_select in the launcher
 # 5: the gating computed in the kernels: A_log and dt_bias (arguments of gdn_aot_forward, parameters of gdn_prepare
-#    and gdn_fused after beta), options GATE_IN_KERNEL, GATE_BIAS, BETA_SIGMOID
+#    and gdn_fused after beta), options GATE_IN_KERNEL, GATE_BIAS, BETA_SIGMOID; h0 and ht in the variant's state
+#    dtype; gdn_aot_select takes the configuration's state_dtype, gating and checkpoints
 LAUNCHER_ABI_VERSION = 5
 # 2: `dispatch` holds the spec's preferences (`spec`) and the table (`table`); launcher.forward lists its routes
-MANIFEST_SCHEMA_VERSION = 2
+# 3: the variants' functional axes state_dtype, gating, checkpoints (in the dispatch table's configurations too)
+MANIFEST_SCHEMA_VERSION = 3
 
 WORKSPACE_ALIGN = 256  # every workspace region starts on this boundary (gdn_aot_forward_plan)
 DTYPE_BYTES = {"bf16": 2, "fp16": 2}  # bytes of a q, k, v, o element per input dtype
@@ -159,7 +161,7 @@ def _p(spec: str) -> tuple[Param, ...]:
     return tuple(out)
 
 
-_STATE_PARAMS = "h0:*fp32 ht:*fp32 state_indices:*i32 o:*{dtype}"
+_STATE_PARAMS = "h0:*{state} ht:*{state} state_indices:*i32 o:*{dtype}"
 
 
 def _gate_flags(family: str, first: int) -> tuple[Flag, ...]:
@@ -285,6 +287,8 @@ BOUNDS = {"any": 0, "le": 1, "lt": 2}  # GDN_AOT_BOUND_*: every batch; programs 
 DISPATCH_ROW_FIELDS = (
     Field("dtype", "const char *", "", "c_char_p", "\"bf16\" | \"fp16\""),
     *(Field(n, "int32_t", "", "c_int32") for n in ("K", "V", "varlen", "transpose")),
+    Field("state_dtype", "const char *", "", "c_char_p", "\"fp32\" | \"bf16\" | \"fp16\" | \"fp8e4m3\" | \"fp8e5m2\""),
+    *(Field(n, "int32_t", "", "c_int32") for n in ("gating", "checkpoints")),
     Field("bound", "int32_t", "", "c_int32", "GDN_AOT_BOUND_*: which num_seqs * HV (programs) the row takes"),
     Field("num", "int32_t", "", "c_int32", "programs * den <= (or <) sm_count * num"),
     Field("den", "int32_t", "", "c_int32"),

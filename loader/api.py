@@ -100,7 +100,8 @@ def chunk_gated_delta_rule(
 def select(call: Call, artifacts) -> tuple[Routes, Route]:
     """The configuration's routes on the call's device (loaded on first use) and the one serving the batch."""
     arts = Artifacts.for_device(call.index, root=artifacts)
-    config = (call.dtype, call.K, call.V, call.cu_seqlens is not None, call.transpose)
+    config = (call.dtype, call.K, call.V, call.cu_seqlens is not None, call.transpose, "fp32",
+              call.gate_in_kernel or call.beta_sigmoid, False)
     routes = arts.loaded.get(config)
     if routes is None:
         routes = _load_routes(arts, config)
@@ -108,12 +109,12 @@ def select(call: Call, artifacts) -> tuple[Routes, Route]:
 
 
 def _load_routes(arts, config: tuple) -> Routes:
-    """The first call of a configuration (dtype, K, V, varlen, transpose) on a device: its routes, loaded."""
-    dtype, K, V, varlen, transpose = config
+    """The first call of a configuration (dispatch.CONFIG_AXES) on a device: its routes, loaded."""
+    K, V = config[1:3]
     if (K, V) not in arts.head_dims:
         raise ValueError(f"head dims K={K}, V={V} are not built for {arts.arch}; built (K, V): "
                          f"{sorted(arts.head_dims)}. Add them to a spec's K/V and rebuild (gdn-aot build SPEC).")
-    routes = arts.routes(dtype, K, V, varlen, transpose)
+    routes = arts.routes(*config)
     routes.load()
     arts.loaded[config] = routes
     return routes

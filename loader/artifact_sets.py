@@ -63,17 +63,17 @@ class ArtifactSet:
                 k = self._kernels.setdefault(key, Kernel(self.manifest, key, self.device_index))
         return k
 
-    def routes(self, dtype: str, K: int, V: int, varlen: bool, transpose: bool,
-               sm_count: int | None = None) -> Routes:
-        """The Routes of this configuration, made once per configuration and device. sm_count (for the bounds of
-        the table's rows) defaults to the device's."""
-        key = (dtype, K, V, varlen, transpose)
+    def routes(self, dtype: str, K: int, V: int, varlen: bool, transpose: bool, state_dtype: str = "fp32",
+               gating: bool = False, checkpoints: bool = False, sm_count: int | None = None) -> Routes:
+        """The Routes of this configuration (dispatch.CONFIG_AXES), made once per configuration and device.
+        sm_count (for the bounds of the table's rows) defaults to the device's."""
+        key = (dtype, K, V, varlen, transpose, state_dtype, gating, checkpoints)
         r = self._routes.get(key)
         if r is None:
-            rows = dispatch.config_rows(self.table, dtype, K, V, varlen, transpose)
+            rows = dispatch.config_rows(self.table, key)
             if not rows:
-                raise self._not_built(f"a forward with dtype={dtype}, K={K}, V={V}, varlen={varlen}, "
-                                      f"transpose={transpose} (no dispatch row)", "gdn_")
+                desc = ", ".join(f"{a}={x}" for a, x in zip(dispatch.CONFIG_AXES, key))
+                raise self._not_built(f"a forward with {desc} (no dispatch row)", "gdn_")
             if sm_count is None:
                 import torch
 
@@ -85,14 +85,16 @@ class ArtifactSet:
 
     def pick(self, kernel: str, *, dtype: str, K: int | None = None, V: int | None = None, varlen: bool = False,
              transpose: bool = False, BV: int | None = None, BT: int | None = None,
-             num_warps: int | None = None) -> Kernel:
+             num_warps: int | None = None, state_dtype: str = "fp32", gating: bool = False,
+             checkpoints: bool = False) -> Kernel:
         """The built variant for these axes: BV if built, else the spec's default_BV, else the largest built BV
         (loader/dispatch.py pick, the rule the build's dispatch table uses)."""
-        cache_key = (kernel, dtype, K, V, varlen, transpose, BV, BT, num_warps)
+        cache_key = (kernel, dtype, K, V, varlen, transpose, BV, BT, num_warps, state_dtype, gating, checkpoints)
         k = self._picked.get(cache_key)
         if k is not None:
             return k
-        want = {"dtype": dtype, "K": K, "V": V, "BT": BT, "varlen": varlen, "transpose": transpose}
+        want = {"dtype": dtype, "K": K, "V": V, "BT": BT, "varlen": varlen, "transpose": transpose,
+                "state_dtype": state_dtype, "gating": gating, "checkpoints": checkpoints}
         uses = self.manifest.data.get("kernels", {}).get(kernel, {}).get("uses_axes")
         if uses is not None:  # an axis the kernel's code ignores holds one (default) value: do not match on it
             want = {a: x for a, x in want.items() if a in uses}

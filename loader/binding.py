@@ -42,7 +42,8 @@ class Launcher:
               ctypes.c_uint, ctypes.c_uint, ctypes.c_uint)
         _bind(lib.gdn_aot_kernel_unload, ctypes.c_int, ctypes.POINTER(KernelStruct))
         self.gdn_aot_select = _bind(lib.gdn_aot_select, ctypes.POINTER(DispatchRow), ctypes.c_char_p, ctypes.c_int64,
-                                    ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+                                    ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_int,
+                                    ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
         self._check(lib.gdn_aot_abi_version(), LAUNCHER_ABI_VERSION, "speaks launcher ABI", "this loader")
         self._check(lib.gdn_aot_kernel_struct_size(), ctypes.sizeof(KernelStruct), "gdn_aot_kernel_t is",
                     "the loader's mirror")
@@ -87,10 +88,12 @@ class Launcher:
             raise DriverError(f"gdn_aot_forward_plan refused the arguments: CUresult {r} ({self.error_string(r)})", r)
         return plan
 
-    def select(self, dtype: str, K: int, V: int, varlen: bool, transpose: bool, programs: int,
-               sm_count: int) -> dict | None:
-        """gdn_aot_select: the C dispatch table's row for a batch, as {field: value} (None: no row)."""
-        row = self.gdn_aot_select(dtype.encode(), K, V, int(varlen), int(transpose), programs, sm_count)
+    def select(self, config: tuple, programs: int, sm_count: int) -> dict | None:
+        """gdn_aot_select: the C dispatch table's row for a batch of a configuration (dispatch.CONFIG_AXES
+        values), as {field: value} (None: no row)."""
+        dtype, K, V, varlen, transpose, state_dtype, gating, checkpoints = config
+        row = self.gdn_aot_select(dtype.encode(), K, V, int(varlen), int(transpose), state_dtype.encode(),
+                                  int(gating), int(checkpoints), programs, sm_count)
         if not row:
             return None
         return {name: (x.decode() if isinstance(x, bytes) else x)

@@ -3,7 +3,7 @@
 The build turns a spec's `dispatch:` preferences and the variants that compiled into a table (build_table); the
 table goes into the manifest (`dispatch.table`) and, compiled from the same rows, into the C launcher
 (gdn_aot_select), so the Python API, C and C++ callers make the same choice. A shape class is decided from
-host-known numbers only: the configuration (dtype, K, V, varlen, transpose) and the batch's num_seqs * HV
+host-known numbers only: the configuration (CONFIG_AXES) and the batch's num_seqs * HV
 programs against the device's SM count (never cu_seqlens' values, so no device-to-host copy).
 
 Rows are tried in order; the first whose configuration matches and whose bound holds serves the batch:
@@ -19,6 +19,7 @@ the build.
 """
 from __future__ import annotations
 
+import itertools
 from fractions import Fraction
 
 from .abi import BOUNDS, FAMILIES, ROUTES
@@ -26,7 +27,8 @@ from .abi import BOUNDS, FAMILIES, ROUTES
 SHAPE_CLASSES = ("single_wave", "small_batch", "default")
 SCAN_PREFERENCES = ("default_BV", "small_batch_BV", "small_batch_factor", "single_wave_warps")
 ROUTE_PREFERENCES = ("classes",)  # for a kernel whose family is a route of its own (gdn_fused)
-CONFIG_AXES = ("dtype", "K", "V", "varlen", "transpose")
+# a forward's configuration: what it needs of the variants (the functional axes); the rest are tuning choices
+CONFIG_AXES = ("dtype", "K", "V", "varlen", "transpose", "state_dtype", "gating", "checkpoints")
 DEFAULT_SMALL_BATCH_FACTOR = 2
 _INF = float("inf")
 
@@ -93,11 +95,12 @@ def _two_kernel_rows(config: dict, prefs: dict, variants: dict, uses: dict) -> l
 def build_table(prefs: dict, variants: dict, uses: dict) -> list[dict]:
     """The dispatch table of one arch: `prefs` is the spec's `dispatch.<arch>` section, `variants` the built
     variants (manifest entries by key), `uses` each kernel's uses_axes."""
-    configs = sorted({tuple(e["axes"][a] for a in CONFIG_AXES) for e in variants.values()
-                      if e["kernel"] in ("gdn_scan", "gdn_fused")}, key=repr)
+    # every combination of the built axis values; one no route serves gets no rows (a route's kernels may take
+    # their axes from different variants: gdn_prepare the gating, gdn_scan the state dtype)
+    axis_values = [sorted({e["axes"][a] for e in variants.values()}, key=repr) for a in CONFIG_AXES]
     fused_classes = set(prefs.get("gdn_fused", {}).get("classes", ()))
     table = []
-    for values in configs:
+    for values in itertools.product(*axis_values):
         config = dict(zip(CONFIG_AXES, values))
         rows = _two_kernel_rows(config, prefs, variants, uses)
         fused = pick(variants, "gdn_fused", _want("gdn_fused", config, uses))
@@ -120,16 +123,14 @@ def most_programs(row: dict, sm_count: int) -> float:
     return (sm_count * num - 1) // den  # programs * den < sm_count * num
 
 
-def config_rows(table: list[dict], dtype: str, K: int, V: int, varlen: bool, transpose: bool) -> list[dict]:
-    """The table's rows of one configuration, in order."""
-    config = {"dtype": dtype, "K": K, "V": V, "varlen": varlen, "transpose": transpose}
-    return [r for r in table if all(r[a] == x for a, x in config.items())]
+def config_rows(table: list[dict], config: tuple) -> list[dict]:
+    """The table's rows of one configuration (values in CONFIG_AXES order), in order."""
+    return [r for r in table if all(r[a] == x for a, x in zip(CONFIG_AXES, config))]
 
 
-def select(table: list[dict], dtype: str, K: int, V: int, varlen: bool, transpose: bool, programs: int,
-           sm_count: int) -> dict | None:
+def select(table: list[dict], config: tuple, programs: int, sm_count: int) -> dict | None:
     """The row serving a batch (what gdn_aot_select returns in C), or None when no row matches."""
-    for r in config_rows(table, dtype, K, V, varlen, transpose):
+    for r in config_rows(table, config):
         if programs <= most_programs(r, sm_count):
             return r
     return None
@@ -142,7 +143,8 @@ def c_rows(table: list[dict]) -> list[dict]:
     for r in table:
         keys = {handles[k]: key for k, key in r["kernels"].items()}
         out.append({"dtype": r["dtype"], "K": r["K"], "V": r["V"], "varlen": int(r["varlen"]),
-                    "transpose": int(r["transpose"]), "bound": BOUNDS[r["bound"]], "num": r["num"], "den": r["den"],
+                    "transpose": int(r["transpose"]), "state_dtype": r["state_dtype"], "gating": int(r["gating"]),
+                    "checkpoints": int(r["checkpoints"]), "bound": BOUNDS[r["bound"]], "num": r["num"], "den": r["den"],
                     "route": ROUTES[r["route"]].id, "keys": [keys.get(f.handle) for f in FAMILIES.values()],
                     "shape_class": r["class"]})
     return out

@@ -116,7 +116,8 @@ def test_kernels_tsv(tiny_build, arch):
                           str(e["global_scratch_size"]), str(e["global_scratch_align"]), e["grid"]]
         a = e["axes"]
         assert r[9:] == [a["dtype"], str(a["K"]), str(a["V"]), str(a["BT"]), str(a["BK"]), str(a["BV"]),
-                         str(int(a["varlen"])), str(int(a["transpose"]))]
+                         str(int(a["varlen"])), str(int(a["transpose"])), a["state_dtype"], str(int(a["gating"])),
+                         str(int(a["checkpoints"]))]
 
 
 def test_incremental_rebuild_reuses_everything(tiny_build):
@@ -206,4 +207,4 @@ def test_spec_with_gdn_fused_whose_source_is_missing(tmp_path, monkeypatch):
     header = (out / "sm_90a" / "launcher" / "gdn_aot_launch.h").read_text()
     assert "CUresult gdn_aot_launch_gdn_fused(" in header and "#define GDN_AOT_ROUTE_FUSED 1" in header
     lib = Launcher(out / "sm_90a" / "launcher" / f"libgdn_aot_launch.so.{LAUNCHER_ABI_VERSION}")
-    assert lib.select("bf16", 128, 128, True, False, 4, 132)["scan"] == m["dispatch"]["table"][0]["kernels"]["gdn_scan"]
+    assert lib.select(("bf16", 128, 128, True, False, "fp32", False, False), 4, 132)["scan"] == m["dispatch"]["table"][0]["kernels"]["gdn_scan"]

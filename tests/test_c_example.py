@@ -126,7 +126,7 @@ def test_cpp_example_picks_what_the_python_api_picks(tiny_build, tmp_path, arch,
         got = _dry_run(exe, tiny_build.out / arch, *extra, *(["--transpose"] if transpose else []),
                        *([] if l2norm else ["--no-l2norm"]))
         rows, n = sum(lens), len(lens)
-        rows_of_config = dispatch.config_rows(s.table, "bf16", 128, 128, True, transpose)
+        rows_of_config = dispatch.config_rows(s.table, ("bf16", 128, 128, True, transpose, "fp32", False, False))
         route = Routes(rows_of_config, s.kernel, s.manifest, 0, sms).select(n * HV)  # the API's choice
         classes.add(route.row["class"])
         assert got["class"] == route.row["class"] and int(got["route"]) == route.id, (lens, H, HV, sms)

@@ -9,7 +9,7 @@ import itertools
 import pytest
 
 from gdn_aot.build import launcher
-from gdn_aot.kernels import KERNELS
+from gdn_aot.kernels import KERNELS, Variant
 from gdn_aot.loader import Launcher
 from gdn_aot.loader.abi import ROUTES
 from gdn_aot.loader.dispatch import build_table, config_rows, most_programs, select
@@ -21,12 +21,17 @@ QWEN_SM90 = {"gdn_scan": {"default_BV": 128, "small_batch_BV": 32, "small_batch_
                           "single_wave_warps": 16}}
 
 
-def variant(kernel, BV=128, warps=4, dtype="bf16", varlen=True, transpose=False, K=128, V=128, BT=64):
-    axes = {"dtype": dtype, "K": K, "V": V, "BT": BT, "BK": K, "BV": BV, "varlen": varlen, "transpose": transpose,
-            "num_warps": warps, "num_stages": 1, "kernel": kernel, "arch": "sm_90a"}
-    key = (f"{kernel}.sm_90a.{dtype}.k{K}v{V}.bt{BT}bk{K}bv{BV}.{'varlen' if varlen else 'fixed'}."
-           f"{'vk' if transpose else 'kv'}.w{warps}s1")
-    return key, {"kernel": kernel, "axes": axes, "num_warps": warps}
+def variant(kernel, BV=128, warps=4, dtype="bf16", varlen=True, transpose=False, K=128, V=128, BT=64,
+            state_dtype="fp32", gating=False):
+    v = Variant(kernel=kernel, arch="sm_90a", K=K, V=V, BT=BT, BK=K, BV=BV, dtype=dtype, varlen=varlen,
+                transpose=transpose, num_warps=warps, num_stages=1, state_dtype=state_dtype, gating=gating)
+    return v.key, {"kernel": kernel, "axes": v.as_dict(), "num_warps": warps}
+
+
+def config(dtype="bf16", K=128, V=128, varlen=True, transpose=False, state_dtype="fp32", gating=False,
+           checkpoints=False) -> tuple:
+    """A forward's configuration, in CONFIG_AXES order."""
+    return dtype, K, V, varlen, transpose, state_dtype, gating, checkpoints
 
 
 def qwen_sm90_variants(transposes=(False, True), fused=False) -> dict:
@@ -58,7 +63,7 @@ def todays_rule(programs: int, sm_count: int) -> tuple[int, int]:
 
 def test_qwen35_rules_become_rows():
     table = build_table(QWEN_SM90, qwen_sm90_variants(), USES)
-    rows = config_rows(table, "bf16", 128, 128, True, False)
+    rows = config_rows(table, config())
     assert [(r["class"], r["bound"], r["num"], r["den"], scan_bv(r)) for r in rows] == [
         ("single_wave", "le", 1, 4, 32), ("single_wave", "le", 1, 2, 64), ("small_batch", "lt", 1, 2, 32),
         ("default", "any", 0, 1, 128)]
@@ -73,7 +78,7 @@ def test_table_keeps_the_rule_it_replaces(sm_count):
     """Every batch size gets the gdn_scan variant the per-call tiers gave (ties included: programs == SMs / 2)."""
     table = build_table(QWEN_SM90, qwen_sm90_variants(), USES)
     for programs in range(1, 4 * sm_count):
-        r = select(table, "bf16", 128, 128, True, False, programs, sm_count)
+        r = select(table, config(), programs, sm_count)
         got = (scan_bv(r), int(r["kernels"]["gdn_scan"].rsplit(".w", 1)[1].split("s")[0]))
         assert got == todays_rule(programs, sm_count), (programs, r["class"])
 
@@ -104,16 +109,41 @@ def test_fused_classes_and_fused_only_configurations():
     # serves (here the transposed layout) gets one unbounded fused row
     variants = {**qwen_sm90_variants(transposes=(False,)), **dict([variant("gdn_fused", 128, 16, transpose=True)])}
     rows = build_table(QWEN_SM90, variants, USES)
-    assert {r["route"] for r in config_rows(rows, "bf16", 128, 128, True, False)} == {"prepare_scan"}
-    (only,) = config_rows(rows, "bf16", 128, 128, True, True)
+    assert {r["route"] for r in config_rows(rows, config())} == {"prepare_scan"}
+    (only,) = config_rows(rows, config(transpose=True))
     assert (only["class"], only["bound"], only["route"]) == ("default", "any", "fused")
+
+
+def functional_variants() -> dict:
+    """A gating gdn_prepare and bf16-state gdn_scan variants (qwen35's BVs, no warp-specialised one)."""
+    return dict([variant("gdn_prepare", gating=True),
+                 *(variant("gdn_scan", bv, w, state_dtype="bf16") for bv, w in ((32, 4), (128, 8)))])
+
+
+def test_functional_axes_take_their_variants():
+    """A configuration's gating comes from gdn_prepare's variants and its state dtype from gdn_scan's (each kernel
+    matches only the axes it uses); a configuration no built variant serves has no rows."""
+    table = build_table(QWEN_SM90, {**qwen_sm90_variants(transposes=(False,)), **functional_variants()}, USES)
+
+    def kernels(c):
+        return [(r["class"], r["kernels"]["gdn_prepare"], r["kernels"]["gdn_scan"]) for r in config_rows(table, c)]
+
+    plain, gating, bf16, both = (kernels(config(gating=g, state_dtype=s)) for g, s in (
+        (False, "fp32"), (True, "fp32"), (False, "bf16"), (True, "bf16")))
+    assert [c for c, *_ in plain] == ["single_wave", "single_wave", "small_batch", "default"]
+    assert [c for c, *_ in bf16] == ["small_batch", "default"]  # no 16-warp bf16-state scan built
+    assert all(".gating." in p and ".state-" not in s for _, p, s in gating)
+    assert [s for *_, s in gating] == [s for *_, s in plain]
+    assert all(".gating." not in p and ".state-bf16." in s for _, p, s in bf16)
+    assert [(p, s) for _, p, s in both] == [(gating[0][1], s) for *_, s in bf16]
+    assert config_rows(table, config(checkpoints=True)) == []
 
 
 @pytest.fixture(scope="module")
 def table_launcher(tmp_path_factory):
     """A launcher of all three families compiled with a synthetic table: qwen35's rules, fused for default."""
     prefs = {**QWEN_SM90, "gdn_fused": {"classes": ["default"]}}
-    table = build_table(prefs, qwen_sm90_variants(fused=True), USES)
+    table = build_table(prefs, {**qwen_sm90_variants(fused=True), **functional_variants()}, USES)
     out = tmp_path_factory.mktemp("table_launcher")
     for name, text in launcher.render("sm_90a", list(KERNELS), table).items():
         (out / name).write_text(text)
@@ -125,14 +155,15 @@ def test_c_select_answers_as_python(table_launcher):
     """gdn_aot_select, compiled from the same rows, picks the same row for every configuration and batch."""
     table, lib = table_launcher
     assert lib.lib.gdn_aot_dispatch_rows(None) == len(table)
-    configs = [("bf16", 128, 128, True, tr) for tr in (False, True)] + [("fp16", 128, 128, True, False),
-                                                                         ("bf16", 64, 64, True, False)]
-    for (dtype, K, V, varlen, tr), sm_count in itertools.product(configs, SMS):
+    configs = [config(transpose=tr) for tr in (False, True)] + [
+        config("fp16"), config(K=64, V=64), config(gating=True), config(state_dtype="bf16"),
+        config(state_dtype="bf16", gating=True), config(checkpoints=True)]
+    for c, sm_count in itertools.product(configs, SMS):
         for programs in range(0, 3 * sm_count, 7):
-            want = select(table, dtype, K, V, varlen, tr, programs, sm_count)
-            got = lib.select(dtype, K, V, varlen, tr, programs, sm_count)
+            want = select(table, c, programs, sm_count)
+            got = lib.select(c, programs, sm_count)
             if want is None:
-                assert got is None, (dtype, K, programs)
+                assert got is None, (c, programs)
                 continue
             assert got["shape_class"] == want["class"] and got["route"] == ROUTES[want["route"]].id
             assert [got[h] for h in ("prepare", "scan", "fused")] == [

@@ -86,7 +86,8 @@ def test_single_wave_tier(tiny_build):
     other = s.routes("bf16", 128, 128, True, True, sm_count=132)  # the other state layout: its own variants
     assert other.select(20).kernels["gdn_scan"] is not ws.kernels["gdn_scan"]
     assert s.routes("bf16", 128, 128, True, False, sm_count=16) is routes  # made once per configuration
-    assert dispatch.select(s.table, "bf16", 128, 128, True, False, 9, 16)["class"] == "default"  # 9 * 2 > 16
+    config = ("bf16", 128, 128, True, False, "fp32", False, False)
+    assert dispatch.select(s.table, config, 9, 16)["class"] == "default"  # 9 * 2 > 16
     assert s.pick("gdn_scan", dtype="bf16", varlen=True).entry["num_warps"] == 4  # plain picks: fewest warps
     b = Artifacts.for_device(0, capability=(10, 0), root=tiny_build.out)
     assert [r.row["class"] for r in b.routes("bf16", 128, 128, True, False, sm_count=148).routes] == ["default"]
@@ -227,7 +228,7 @@ def test_loader_never_imports_triton(tiny_build, tmp_path):
 @pytest.mark.gpu
 @pytest.mark.parametrize("l2norm", [True, False])
 def test_prepare_through_the_loader_on_gpu(tiny_build, l2norm):
-    """gdn_prepare launched directly (ABI 3 argument list, one program per chunk slot and key head): gam = the
+    """gdn_prepare launched directly (ABI 5 argument list, one program per chunk slot and key head): gam = the
     chunk-local cumsum of g, and per (token, value head) qg = gam + ln rq, kg = gam - ln rk, with rq, rk the inverse
     L2 norms 1 / sqrt(sum x^2 + 1e-6) of the q and k rows under PREPARE_L2NORM, else 1 (qg = kg = gam)."""
     import torch
@@ -250,7 +251,7 @@ def test_prepare_through_the_loader_on_gpu(tiny_build, l2norm):
     grid = (rows // 64 + n, H, 1)
     scratch = torch.empty(max(kern.scratch_bytes(grid), 1), device="cuda", dtype=torch.uint8)
     kern.launch(grid, torch.cuda.current_stream().cuda_stream, q.data_ptr(), k.data_ptr(), v.data_ptr(),
-                g.data_ptr(), beta.data_ptr(), cu.data_ptr(), w.data_ptr(), u.data_ptr(), gam.data_ptr(),
+                g.data_ptr(), beta.data_ptr(), 0, 0, cu.data_ptr(), w.data_ptr(),  # no A_log, dt_bias u.data_ptr(), gam.data_ptr(),
                 qg.data_ptr(), kg.data_ptr(), rows, n, H, HV, PREPARE_L2NORM if l2norm else 0,
                 scratch_ptr=scratch.data_ptr() if kern.scratch_size else 0)
     torch.cuda.synchronize()

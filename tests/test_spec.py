@@ -1,6 +1,7 @@
 """Spec parsing and validation: every error names the file, the key path and the bad value."""
 from __future__ import annotations
 
+import itertools
 import textwrap
 
 import pytest
@@ -94,6 +95,23 @@ def test_unused_axis_with_several_values(tmp_path):
     assert e.keypath == "kernels.gdn_prepare.BV" and "does not use axis BV" in str(e) and "[64, 128]" in str(e)
     e = spec_error(tmp_path, BASE + "  gdn_prepare:\n    dtype: bf16\n    transpose: [true, false]\n")
     assert e.keypath == "kernels.gdn_prepare.transpose"
+    e = spec_error(tmp_path, BASE + "  gdn_prepare:\n    dtype: bf16\n    state_dtype: [fp32, bf16]\n")
+    assert e.keypath == "kernels.gdn_prepare.state_dtype"  # gdn_prepare never touches the state
+    e = spec_error(tmp_path, BASE + "  gdn_scan:\n    dtype: bf16\n    gating: [false, true]\n")
+    assert e.keypath == "kernels.gdn_scan.gating"  # the gates are gdn_prepare's
+
+
+def test_functional_axes(tmp_path):
+    """state_dtype, gating and checkpoints: checked values, in the variant's key only where not the default."""
+    e = spec_error(tmp_path, BASE.replace("    dtype: [bf16, fp16]\n", "    dtype: bf16\n    state_dtype: fp64\n"))
+    assert e.keypath == "kernels.gdn_scan.state_dtype" and "fp8e4m3" in str(e) and "'fp64'" in str(e)
+    e = spec_error(tmp_path, BASE + "  gdn_prepare:\n    dtype: bf16\n    gating: yes please\n")
+    assert e.keypath == "kernels.gdn_prepare.gating" and "bool" in str(e)
+    s = load_spec(write(tmp_path, BASE.replace("    dtype: [bf16, fp16]\n",
+                                                "    dtype: bf16\n    state_dtype: [fp32, fp8e5m2]\n")))
+    keys = [v.key for v in s.for_arch("sm_90a")]
+    fp8 = [k for k in keys if ".kv.state-fp8e5m2.w" in k or ".vk.state-fp8e5m2.w" in k]
+    assert len(fp8) * 2 == len(keys) and not any("fp32" in k for k in keys)
 
 
 def test_empty_product_after_exclusions(tmp_path):
@@ -119,9 +137,9 @@ def test_invalid_yaml(tmp_path):
 
 def test_shipped_specs_enumerate():
     q = load_spec(REPO / "specs" / "qwen35.yaml")
-    # prepare: dtype x varlen; scan: dtype x varlen x transpose x (BV, warps): sm_90a BV 32/w4, 64/w4, 128/w8,
+    # prepare: dtype x varlen x gating; scan: dtype x varlen x transpose x (BV, warps): sm_90a BV 32/w4, 64/w4, 128/w8,
     # 32/w16, 64/w16 (warp-specialised, varlen only); sm_100a BV 64/w4, 128/w4
-    per_arch = {"sm_90a": {"gdn_prepare": 4, "gdn_scan": 32}, "sm_100a": {"gdn_prepare": 4, "gdn_scan": 16}}
+    per_arch = {"sm_90a": {"gdn_prepare": 8, "gdn_scan": 32}, "sm_100a": {"gdn_prepare": 8, "gdn_scan": 16}}
     for arch, counts in per_arch.items():
         vs = q.for_arch(arch)
         assert {v.kernel for v in vs} == set(counts)  # no gdn_l2norm: fused into both
@@ -130,7 +148,7 @@ def test_shipped_specs_enumerate():
     assert {(v.BV, v.num_warps) for v in q.for_arch("sm_90a") if v.kernel == "gdn_scan"} == {
         (32, 4), (64, 4), (128, 8), (32, 16), (64, 16)}
     assert {v.BV for v in q.for_arch("sm_100a") if v.kernel == "gdn_scan"} == {64, 128}
-    assert len(q.variants) == 56 and len({v.key for v in q.variants}) == 56
+    assert len(q.variants) == 64 and len({v.key for v in q.variants}) == 64
     ws = [v for v in q.for_arch("sm_90a") if v.num_warps == q.dispatch["sm_90a"]["gdn_scan"]["single_wave_warps"]]
     assert {(v.kernel, v.BV, v.varlen) for v in ws} == {("gdn_scan", 32, True), ("gdn_scan", 64, True)}
     assert len(ws) == 8
@@ -140,12 +158,14 @@ def test_shipped_specs_enumerate():
     assert sorted(v.transpose for v in t.for_arch("sm_90a") if v.kernel == "gdn_scan") == [False, False, True, True]
     assert sorted(v.transpose for v in t.for_arch("sm_100a") if v.kernel == "gdn_fused") == [False, True]
     f = load_spec(REPO / "specs" / "fused-preview.yaml")  # every configuration, the one-kernel route only
-    assert len(f.variants) == 16 and {v.kernel for v in f.variants} == {"gdn_fused"}
+    assert len(f.variants) == 32 and {v.kernel for v in f.variants} == {"gdn_fused"}  # with and without gating
     assert all(v.num_warps == 16 and v.BT == 64 for v in f.variants)
     assert {v.dtype for v in t.variants} == {"bf16"}
     prep = [v for v in q.variants if v.kernel == "gdn_prepare"]  # BV and transpose unused: their defaults
     assert all(v.BT == 64 and v.BK == 128 and v.BV == 128 and not v.transpose and v.num_warps == 4 for v in prep)
-    assert {(v.dtype, v.varlen) for v in prep} == {(d, vl) for d in ("bf16", "fp16") for vl in (True, False)}
+    assert {(v.dtype, v.varlen, v.gating) for v in prep} == set(itertools.product(("bf16", "fp16"), (True, False),
+                                                                                   (True, False)))
+    assert {v.state_dtype for v in q.variants} == {"fp32"} and not any(v.checkpoints for v in q.variants)
     assert q.dispatch["sm_90a"]["gdn_scan"]["small_batch_factor"] == 0.5  # a fraction of the SMs is allowed
     for arch in ("sm_90a", "sm_100a"):
         d = q.dispatch[arch]["gdn_scan"]

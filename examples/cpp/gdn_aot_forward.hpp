@@ -17,9 +17,10 @@
 //
 // Tensors (device pointers, contiguous, the layouts of the Python API with B*T = rows):
 //   q, k [rows, H, K] and v, o [rows, HV, V] in the variant's dtype; g, beta [rows, HV] fp32 (g: log decay <= 0);
-//   cu_seqlens [N + 1] int32 (varlen; 0 for fixed-length batches); h0 / ht fp32 [N, HV, K, V] ([N, HV, V, K]
+//   cu_seqlens [N + 1] int32 (varlen; 0 for fixed-length batches); h0 / ht [N, HV, K, V] ([N, HV, V, K]
 //   with transpose) or 0; state_indices [N] int32 or 0 (h0 is then a state pool [slots, HV, ...], sequence n
-//   reads slot state_indices[n], -1 = zero state; pass ht = h0 to update the pool in place).
+//   reads slot state_indices[n], -1 = zero state; pass ht = h0 to update the pool in place), stored in the
+//   Config's state_dtype; A_log, dt_bias [HV] fp32 with Options::gate_in_kernel.
 // The workspace (the route's regions and the kernels' global scratch) holds nothing between calls.
 // Loaded kernels belong to the context current when the Forward was made: make it current before gdn_forward.
 #pragma once
@@ -56,10 +57,10 @@ inline void check(CUresult r, const std::string &what) {
 
 // One line of kernels.tsv: a built variant.
 struct Variant {
-    std::string key, kernel, entry, cubin, dtype;
+    std::string key, kernel, entry, cubin, dtype, state_dtype = "fp32";
     unsigned num_warps = 0, shared = 0, scratch_size = 0, scratch_align = 0;
     int K = 0, V = 0, BT = 0, BK = 0, BV = 0;
-    bool varlen = false, transpose = false;
+    bool varlen = false, transpose = false, gating = false, checkpoints = false;
 };
 
 // An arch directory of a gdn-aot build: ARTIFACTS/<arch>, e.g. artifacts/sm_90a.
@@ -77,7 +78,8 @@ class ArtifactDir {
         std::map<std::string, size_t> col;
         for (size_t i = 0; i < head.size(); i++) col[head[i]] = i;
         for (const char *need : {"key", "kernel", "entry", "cubin", "num_warps", "shared", "global_scratch_size",
-                                 "global_scratch_align", "dtype", "K", "V", "BT", "BK", "BV", "varlen", "transpose"})
+                                 "global_scratch_align", "dtype", "K", "V", "BT", "BK", "BV", "varlen", "transpose",
+                                 "state_dtype", "gating", "checkpoints"})
             if (!col.count(need))
                 throw Error(path + ": no column '" + need + "' (artifacts from an older gdn-aot: rebuild them)");
         while (std::getline(in, line)) {
@@ -92,7 +94,8 @@ class ArtifactDir {
             v.num_warps = u("num_warps"), v.shared = u("shared"), v.scratch_size = u("global_scratch_size");
             v.scratch_align = u("global_scratch_align");
             v.K = i("K"), v.V = i("V"), v.BT = i("BT"), v.BK = i("BK"), v.BV = i("BV");
-            v.varlen = i("varlen") != 0, v.transpose = i("transpose") != 0;
+            v.varlen = i("varlen") != 0, v.transpose = i("transpose") != 0, v.state_dtype = s("state_dtype");
+            v.gating = i("gating") != 0, v.checkpoints = i("checkpoints") != 0;
             variants_.push_back(v);
         }
     }
@@ -147,10 +150,14 @@ struct Config {
     std::string dtype;
     int K = 0, V = 0;
     bool varlen = true, transpose = false;
+    std::string state_dtype = "fp32";  // how h0 / ht are stored: fp32 | bf16 | fp16 | fp8e4m3 | fp8e5m2
+    bool gating = false;               // a variant that computes the gates in the kernel (Options::gate_in_kernel, ...)
+    bool checkpoints = false;          // a variant that writes state checkpoints
 };
 
 struct Tensors {
     CUdeviceptr q = 0, k = 0, v = 0, g = 0, beta = 0, cu_seqlens = 0;
+    CUdeviceptr A_log = 0, dt_bias = 0;  // [HV] fp32, with Options::gate_in_kernel (dt_bias optional)
     CUdeviceptr h0 = 0, ht = 0, state_indices = 0;
     CUdeviceptr o = 0;
 };
@@ -158,6 +165,9 @@ struct Tensors {
 struct Options {
     float scale = 0.0f;  // 0: K ** -0.5, computed in double and rounded to float as the Python API does
     bool l2norm = true;  // use_qk_l2norm_in_kernel
+    // fla's use_gate_in_kernel (g holds the raw a: g = -exp(A_log) softplus(a + dt_bias)) and
+    // use_beta_sigmoid_in_kernel (beta holds the raw b: beta = sigmoid(b)); need a Config::gating variant
+    bool gate_in_kernel = false, beta_sigmoid = false;
 };
 
 // A kernel handle: loaded (one module in the context current at construction, unloaded on destruction), or, for
@@ -204,15 +214,18 @@ struct Selection {
 
     static Selection select(const ArtifactDir &dir, const Config &c, int64_t programs, int64_t sm_count) {
         const gdn_aot_dispatch_row_t *r =
-            gdn_aot_select(c.dtype.c_str(), c.K, c.V, c.varlen, c.transpose, programs, sm_count);
+            gdn_aot_select(c.dtype.c_str(), c.K, c.V, c.varlen, c.transpose, c.state_dtype.c_str(), c.gating,
+                           c.checkpoints, programs, sm_count);
         if (!r) {
             std::ostringstream msg;
             msg << "no dispatch row serves dtype=" << c.dtype << " K=" << c.K << " V=" << c.V << " varlen=" << c.varlen
-                << " transpose=" << c.transpose << " in " << dir.dir() << "; rows:";
+                << " transpose=" << c.transpose << " state_dtype=" << c.state_dtype << " gating=" << c.gating
+                << " checkpoints=" << c.checkpoints << " in " << dir.dir() << "; rows:";
             const gdn_aot_dispatch_row_t *rows = nullptr;
             for (unsigned i = 0, n = gdn_aot_dispatch_rows(&rows); i < n; i++)
                 msg << " (" << rows[i].dtype << " K=" << rows[i].K << " V=" << rows[i].V << " varlen="
-                    << rows[i].varlen << " transpose=" << rows[i].transpose << ")";
+                    << rows[i].varlen << " transpose=" << rows[i].transpose << " state_dtype=" << rows[i].state_dtype
+                    << " gating=" << rows[i].gating << " checkpoints=" << rows[i].checkpoints << ")";
             msg << ". Add it to a spec and rebuild (gdn-aot build SPEC).";
             throw Error(msg.str());
         }
@@ -278,16 +291,21 @@ class Forward {
 inline CUresult gdn_forward(const Forward &fwd, const Shape &s, const Tensors &t, const Options &opt,
                             CUdeviceptr workspace, size_t workspace_bytes, CUstream stream) {
     const Variant &v = *fwd.selection().variants().front();
-    if (s.K != v.K || s.V != v.V || s.varlen != v.varlen || (s.varlen && !t.cu_seqlens) || (t.state_indices && !t.h0))
+    if (s.K != v.K || s.V != v.V || s.varlen != v.varlen || (s.varlen && !t.cu_seqlens) || (t.state_indices && !t.h0) ||
+        (opt.gate_in_kernel && !t.A_log) || ((opt.gate_in_kernel || opt.beta_sigmoid) && !v.gating))
         return CUDA_ERROR_INVALID_VALUE;
     gdn_aot_forward_args_t a = fwd.args(s);
     a.stream = stream;
     a.q = t.q, a.k = t.k, a.v = t.v, a.g = t.g, a.beta = t.beta, a.cu_seqlens = s.varlen ? t.cu_seqlens : 0;
+    a.A_log = opt.gate_in_kernel ? t.A_log : 0, a.dt_bias = opt.gate_in_kernel ? t.dt_bias : 0;
     a.h0 = t.h0, a.ht = t.ht, a.state_indices = t.state_indices, a.o = t.o;
     a.workspace = workspace, a.workspace_bytes = workspace_bytes;
     a.scale = opt.scale != 0.0f ? opt.scale : static_cast<float>(std::pow(static_cast<double>(s.K), -0.5));
     a.options = (opt.l2norm ? GDN_AOT_FORWARD_L2NORM : 0) | (t.h0 ? GDN_AOT_FORWARD_HAS_H0 : 0) |
-                (t.ht ? GDN_AOT_FORWARD_STORE_HT : 0) | (t.state_indices ? GDN_AOT_FORWARD_USE_INDICES : 0);
+                (t.ht ? GDN_AOT_FORWARD_STORE_HT : 0) | (t.state_indices ? GDN_AOT_FORWARD_USE_INDICES : 0) |
+                (opt.gate_in_kernel ? GDN_AOT_FORWARD_GATE_IN_KERNEL : 0) |
+                (opt.gate_in_kernel && t.dt_bias ? GDN_AOT_FORWARD_GATE_BIAS : 0) |
+                (opt.beta_sigmoid ? GDN_AOT_FORWARD_BETA_SIGMOID : 0);
     return gdn_aot_forward(&a);  // checks the sizes, the workspace's size and alignment, then launches the route
 }
 
