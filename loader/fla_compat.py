@@ -6,7 +6,8 @@
 Same positional order and keywords as fla 0.6.0, including the gating in the kernels (use_gate_in_kernel with
 A_log and dt_bias, use_beta_sigmoid_in_kernel). fla features that change the math and are not built here
 (allow_neg_eigval, context parallel) raise NotImplementedError rather than computing something else;
-chunk_indices and chunk_size=64 are accepted and unneeded.
+chunk_indices and chunk_size=64 are accepted and unneeded. Other keyword arguments are ignored, as fla ignores
+them (transformers' Qwen3.5 layer passes its own, such as use_cache).
 """
 from __future__ import annotations
 
@@ -48,8 +49,6 @@ def chunk_gated_delta_rule(
     head_first = kwargs.pop("head_first", False)  # vLLM's vendored fla passes head_first=False
     use_gate_in_kernel = kwargs.pop("use_gate_in_kernel", False)
     A_log, dt_bias = kwargs.pop("A_log", None), kwargs.pop("dt_bias", None)
-    if kwargs:
-        raise TypeError(f"unexpected keyword arguments: {sorted(kwargs)}")
     if cu_seqlens_cpu is not None:
         check_bounds(cu_seqlens_cpu.tolist(), q.shape[1])
     return _forward(q, k, v, g, beta, scale=scale, initial_state=initial_state,
