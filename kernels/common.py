@@ -13,17 +13,15 @@ from triton.language.core import _aggregate as aggregate
 
 from . import PREPARE_L2NORM as _PREPARE_L2NORM, SCAN_HAS_H0 as _SCAN_HAS_H0
 from . import SCAN_STORE_HT as _SCAN_STORE_HT, SCAN_USE_INDICES as _SCAN_USE_INDICES
-from . import PREPARE_BETA_SIGMOID as _PREPARE_BETA_SIGMOID, PREPARE_GATE_BIAS as _PREPARE_GATE_BIAS
 from . import PREPARE_GATE_IN_KERNEL as _PREPARE_GATE_IN_KERNEL
 
 # the flag bits defined in kernels/__init__.py (the launcher ABI), as constexprs the kernels can read
 PREPARE_L2NORM = gl.constexpr(_PREPARE_L2NORM)
 PREPARE_GATE_IN_KERNEL = gl.constexpr(_PREPARE_GATE_IN_KERNEL)
-PREPARE_GATE_BIAS = gl.constexpr(_PREPARE_GATE_BIAS)
-PREPARE_BETA_SIGMOID = gl.constexpr(_PREPARE_BETA_SIGMOID)
 GATE_MODE = gl.constexpr(1)  # GateSource.mode bits, the same for every family
 BIAS_MODE = gl.constexpr(2)
 SIGMOID_MODE = gl.constexpr(4)
+NEG_EIGVAL_MODE = gl.constexpr(8)
 SCAN_HAS_H0 = gl.constexpr(_SCAN_HAS_H0)
 SCAN_STORE_HT = gl.constexpr(_SCAN_STORE_HT)
 SCAN_USE_INDICES = gl.constexpr(_SCAN_USE_INDICES)
@@ -143,7 +141,8 @@ class GateSource:
     """Where a kernel reads the per-token gates g ([rows, HV] fp32, the log decay) and beta ([rows, HV] fp32) of
     one value head, and whether it computes them from raw inputs (fla's options, as fla defines them):
     use_gate_in_kernel: g holds the raw a, and g = -exp(A_log[h]) softplus(a + dt_bias[h]) (softplus(x) = x from
-    x = 20 on; no dt_bias when not given); use_beta_sigmoid_in_kernel: beta holds the raw b, beta = sigmoid(b).
+    x = 20 on; no dt_bias when not given); use_beta_sigmoid_in_kernel: beta holds the raw b, beta = sigmoid(b),
+    or 2 sigmoid(b) with allow_neg_eigval (the transition I - beta k k^T may then have negative eigenvalues).
     Rows a mask leaves out read as 0 either way. The head's A_log and dt_bias are read where a chunk's g is
     (cached loads): held across the chunk loop they would take registers the fused kernel's load partition does
     not have. Only a GATING variant (the spec's `gating` axis) has the code of either option: the others read g
@@ -152,7 +151,7 @@ class GateSource:
     beta: gl.tensor
     A_log: gl.tensor  # the head's entry
     dt_bias: gl.tensor
-    mode: gl.tensor  # GATE_MODE | BIAS_MODE | SIGMOID_MODE bits
+    mode: gl.tensor  # GATE_MODE | BIAS_MODE | SIGMOID_MODE | NEG_EIGVAL_MODE bits
     GATING: gl.constexpr
 
     @gluon.constexpr_function
@@ -165,12 +164,10 @@ class GateSource:
         self.GATING = gl.constexpr(GATING)
 
     @gluon.jit
-    def make(g, beta, A_log, dt_bias, i_hv, flags, GATING: gl.constexpr, GATE: gl.constexpr, BIAS: gl.constexpr,
-             SIGMOID: gl.constexpr):
-        """Value head i_hv's source, from a kernel's pointers and its `flags`, whose gating bits are GATE, BIAS,
-        SIGMOID (read only by a GATING variant)."""
-        mode = (gl.where((flags & GATE) != 0, GATE_MODE, 0) | gl.where((flags & BIAS) != 0, BIAS_MODE, 0)
-                | gl.where((flags & SIGMOID) != 0, SIGMOID_MODE, 0))
+    def make(g, beta, A_log, dt_bias, i_hv, flags, GATING: gl.constexpr, GATE_IN_KERNEL: gl.constexpr):
+        """Value head i_hv's source, from a kernel's pointers and its `flags`, whose gating bits are the four from
+        GATE_IN_KERNEL up, in the modes' order (loader/abi.py _gate_flags; read only by a GATING variant)."""
+        mode = (flags // GATE_IN_KERNEL) & (GATE_MODE | BIAS_MODE | SIGMOID_MODE | NEG_EIGVAL_MODE)
         return GateSource(g, beta, A_log + i_hv, dt_bias + i_hv, mode, GATING)
 
     @gluon.jit
@@ -198,6 +195,8 @@ class GateSource:
         if self.GATING:
             if self.mode & SIGMOID_MODE:
                 x = gl.where(live, 1.0 / (1.0 + gl.exp(-x)), 0.0)
+                if self.mode & NEG_EIGVAL_MODE:
+                    x = 2.0 * x
         return x
 
 

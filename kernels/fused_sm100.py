@@ -57,7 +57,7 @@ from triton.language.core import _aggregate as aggregate
 from . import FUSED_HAS_H0 as _HAS_H0, FUSED_STORE_HT as _STORE_HT
 from .common import (GateSource, load_state_tile, loop_variant, sequence_bounds, state_io_layout,
                      store_state_tile)
-from .fused_sm90 import (BETA_SIGMOID, GATE_BIAS, GATE_IN_KERNEL, LOAD_REGS, LOAD_WARPS, NUM_SLOTS, O_SCALE,
+from .fused_sm90 import (GATE_IN_KERNEL, LOAD_REGS, LOAD_WARPS, NUM_SLOTS, O_SCALE,
                          STATE_SCALE, V_SCALE, _load_partition, chunk_decay, chunk_rings, head_tiles, publish_inverse,
                          publish_key_norms, publish_row_scalings, state_slot)
 from .prepare_sm100 import _unit_lower_inverse
@@ -281,8 +281,7 @@ def fused_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0, ht, state_ind
     h = load_state_tile(h0, slot, i_hv, 0, HV, ((flags & HAS_H0) != 0) & (slot >= 0), K, V, V, TRANSPOSE_STATE, io)
     st.s.store(gl.convert_layout(gl.permute(h, [1, 0]), reg_vk))
 
-    gate_source = GateSource.make(g + i_hv, beta + i_hv, A_log, dt_bias, i_hv, flags, GATING, GATE_IN_KERNEL,
-                                  GATE_BIAS, BETA_SIGMOID)
+    gate_source = GateSource.make(g + i_hv, beta + i_hv, A_log, dt_bias, i_hv, flags, GATING, GATE_IN_KERNEL)
     q_desc, k_desc, v_desc, o_desc, gate_source = head_tiles(q, k, v, o, gate_source, bos, seq_len, i_h, i_hv, H,
                                                              HV, K, V, BT)
     # --- shared memory: the rings (the state's MMAs empty an input slot), the aux's scratch, the output staging

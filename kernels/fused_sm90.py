@@ -46,7 +46,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.language.core import _aggregate as aggregate
 
 from . import FUSED_HAS_H0 as _HAS_H0, FUSED_L2NORM as _L2NORM, FUSED_STORE_HT as _STORE_HT
-from . import FUSED_BETA_SIGMOID as _BETA_SIGMOID, FUSED_GATE_BIAS as _GATE_BIAS
 from . import FUSED_GATE_IN_KERNEL as _GATE_IN_KERNEL, FUSED_USE_INDICES as _USE_INDICES
 from .common import (GateSource, inverse_row_norms, load_state_tile, loop_variant, row_tile_desc, sequence_bounds,
                      state_io_layout, store_state_tile, wgmma_layout)
@@ -56,8 +55,6 @@ HAS_H0 = gl.constexpr(_HAS_H0)
 STORE_HT = gl.constexpr(_STORE_HT)
 USE_INDICES = gl.constexpr(_USE_INDICES)
 GATE_IN_KERNEL = gl.constexpr(_GATE_IN_KERNEL)
-GATE_BIAS = gl.constexpr(_GATE_BIAS)
-BETA_SIGMOID = gl.constexpr(_BETA_SIGMOID)
 
 NUM_SLOTS = gl.constexpr(2)
 AUX_REGS = gl.constexpr(104)
@@ -570,8 +567,7 @@ def fused_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0, ht, state_ind
     h = load_state_tile(h0, slot, i_hv, 0, HV, ((flags & HAS_H0) != 0) & (slot >= 0), K, V, V, TRANSPOSE_STATE, io)
     state = gl.convert_layout(gl.permute(h, [1, 0]), acc_vk)
 
-    gate_source = GateSource.make(g + i_hv, beta + i_hv, A_log, dt_bias, i_hv, flags, GATING, GATE_IN_KERNEL,
-                                  GATE_BIAS, BETA_SIGMOID)
+    gate_source = GateSource.make(g + i_hv, beta + i_hv, A_log, dt_bias, i_hv, flags, GATING, GATE_IN_KERNEL)
     q_desc, k_desc, v_desc, o_desc, gate_source = head_tiles(q, k, v, o, gate_source, bos, seq_len, i_h, i_hv, H,
                                                              HV, K, V, BT)
     # --- shared memory: the three rings, the inverse's fp32 operand tiles, the output staging tile

@@ -42,7 +42,7 @@ from triton.experimental.gluon.language.nvidia.blackwell import (TensorMemoryLay
                                                                   fence_async_shared, get_tmem_reg_layout,
                                                                   mbarrier, tcgen05_commit, tcgen05_mma, tma)
 
-from .common import (PREPARE_BETA_SIGMOID, PREPARE_GATE_BIAS, PREPARE_GATE_IN_KERNEL, PREPARE_L2NORM, GateSource,
+from .common import (PREPARE_GATE_IN_KERNEL, PREPARE_L2NORM, GateSource,
                      causal_decay_bitmask, chunk_gates, diagonal_block_inverses, inverse_row_norms,
                      load_rows, loop_variant, row_load_layout, sequence_of_chunk_slot)
 
@@ -236,8 +236,7 @@ def prepare_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, w, u, gam, qg, 
 
         for j in range(group):
             i_hv = i_h * group + j
-            gates = GateSource.make(g, beta, A_log, dt_bias, i_hv, flags, GATING, PREPARE_GATE_IN_KERNEL, PREPARE_GATE_BIAS,
-                                    PREPARE_BETA_SIGMOID)
+            gates = GateSource.make(g, beta, A_log, dt_bias, i_hv, flags, GATING, PREPARE_GATE_IN_KERNEL)
             _serve_value_head(i_hv, j, j & 1, k_smem, v_smem, a_smem, bt_smem, row_vecs,
                               bars.index(1), bars.index(2), w_tmem, u_tmem, v_desc, w_desc, u_desc,
                               gates, gam, qg, kg, loop_variant(start, j), loop_variant(n_rows, j), HV, K, V, BT)

@@ -22,7 +22,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
-from .common import (PREPARE_BETA_SIGMOID, PREPARE_GATE_BIAS, PREPARE_GATE_IN_KERNEL, PREPARE_L2NORM, GateSource,
+from .common import (PREPARE_GATE_IN_KERNEL, PREPARE_L2NORM, GateSource,
                      causal_decay, chunk_gates, chunk_tile_ptrs, diagonal_block_inverses,
                      inverse_row_norms, load_rows, loop_variant, row_load_layout, row_mask, sequence_of_chunk_slot,
                      wgmma_layout)
@@ -163,7 +163,6 @@ def prepare_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, w, u, gam, qg, 
         tf32_smem = gl.allocate_shared_memory(gl.float32, [2, BT, BT], f32_tt)
         for j in range(group):
             i_hv = i_h * group + j
-            gates = GateSource.make(g, beta, A_log, dt_bias, i_hv, flags, GATING, PREPARE_GATE_IN_KERNEL, PREPARE_GATE_BIAS,
-                                    PREPARE_BETA_SIGMOID)
+            gates = GateSource.make(g, beta, A_log, dt_bias, i_hv, flags, GATING, PREPARE_GATE_IN_KERNEL)
             _serve_value_head(i_hv, k_smem, v, v_smem, tf32_smem, log_rq, log_rk, gates, w, u,
                               gam, qg, kg, loop_variant(start, j), loop_variant(n_rows, j), HV, K, V, BT)

@@ -29,7 +29,7 @@ import struct
 # 4: the gdn_fused family and routes: gdn_aot_forward_args_t starts with the route and its kernels, one `options`
 #    word replaces the two flag words; the dispatch table and gdn_aot_select in the launcher
 # 5: the gating computed in the kernels: A_log and dt_bias (arguments of gdn_aot_forward, parameters of gdn_prepare
-#    and gdn_fused after beta), options GATE_IN_KERNEL, GATE_BIAS, BETA_SIGMOID; h0 and ht in the variant's state
+#    and gdn_fused after beta), options GATE_IN_KERNEL, GATE_BIAS, BETA_SIGMOID, BETA_NEG_EIGVAL; h0 and ht in the variant's state
 #    dtype; gdn_aot_select takes the configuration's state_dtype, gating and checkpoints
 LAUNCHER_ABI_VERSION = 5
 # 2: `dispatch` holds the spec's preferences (`spec`) and the table (`table`); launcher.forward lists its routes
@@ -108,6 +108,7 @@ OPTIONS = (
     Option("GATE_IN_KERNEL", 16, "use_gate_in_kernel: g holds the raw a, g = -exp(A_log) softplus(a + dt_bias)"),
     Option("GATE_BIAS", 32, "with GATE_IN_KERNEL: add dt_bias (else no bias)"),
     Option("BETA_SIGMOID", 64, "use_beta_sigmoid_in_kernel: beta holds the raw b, beta = sigmoid(b)"),
+    Option("BETA_NEG_EIGVAL", 128, "allow_neg_eigval, with BETA_SIGMOID: beta = 2 sigmoid(b), in (0, 2)"),
 )
 OPTION_BITS = {o.name: o.bit for o in OPTIONS}
 
@@ -165,10 +166,12 @@ _STATE_PARAMS = "h0:*{state} ht:*{state} state_indices:*i32 o:*{dtype}"
 
 
 def _gate_flags(family: str, first: int) -> tuple[Flag, ...]:
-    """The gating bits of a family that reads g and beta (gdn_prepare, gdn_fused), from bit `first` up."""
+    """The gating bits of a family that reads g and beta (gdn_prepare, gdn_fused), from bit `first` up, in this
+    order (the kernels' GateSource reads them as one field)."""
     return (Flag(f"{family}_GATE_IN_KERNEL", first, "GATE_IN_KERNEL", "g = -exp(A_log) softplus(g + dt_bias)"),
             Flag(f"{family}_GATE_BIAS", first * 2, "GATE_BIAS", "add dt_bias in that formula"),
-            Flag(f"{family}_BETA_SIGMOID", first * 4, "BETA_SIGMOID", "beta = sigmoid(beta)"))
+            Flag(f"{family}_BETA_SIGMOID", first * 4, "BETA_SIGMOID", "beta = sigmoid(beta)"),
+            Flag(f"{family}_BETA_NEG_EIGVAL", first * 8, "BETA_NEG_EIGVAL", "with BETA_SIGMOID: beta = 2 sigmoid(beta)"))
 FAMILIES = {f.name: f for f in (
     Family(
         "gdn_prepare", "prepare", "prepare_scan", ("slots", "H", 1),

@@ -25,7 +25,7 @@ _ALIGN_MASK = WORKSPACE_ALIGN - 1
 _L2NORM, _HAS_H0 = OPTION_BITS["L2NORM"], OPTION_BITS["HAS_H0"]
 _STORE_HT, _USE_INDICES = OPTION_BITS["STORE_HT"], OPTION_BITS["USE_INDICES"]
 _GATE_IN_KERNEL, _GATE_BIAS = OPTION_BITS["GATE_IN_KERNEL"], OPTION_BITS["GATE_BIAS"]
-_BETA_SIGMOID = OPTION_BITS["BETA_SIGMOID"]
+_BETA_SIGMOID, _BETA_NEG_EIGVAL = OPTION_BITS["BETA_SIGMOID"], OPTION_BITS["BETA_NEG_EIGVAL"]
 _pack_call = CALL_ARGS.pack
 # torch's C entry points behind torch.cuda.current_device() and current_stream(i).cuda_stream, without their
 # Python layers; bound by _bind_cuda() on the first forward
@@ -54,6 +54,7 @@ def chunk_gated_delta_rule(
     A_log: torch.Tensor | None = None,
     dt_bias: torch.Tensor | None = None,
     use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
 ):
     """Gated DeltaNet prefill forward (inference only); returns ``(o, final_state or None)``.
 
@@ -81,7 +82,8 @@ def chunk_gated_delta_rule(
 
     The gating in the kernels (fla's options): use_gate_in_kernel=True makes g the raw gate input a [B, T, HV]
     and the kernels compute g = -exp(A_log) * softplus(a + dt_bias) per value head (A_log, dt_bias: [HV], any
-    float dtype; dt_bias optional); use_beta_sigmoid_in_kernel=True makes beta the raw b, beta = sigmoid(b).
+    float dtype; dt_bias optional); use_beta_sigmoid_in_kernel=True makes beta the raw b, beta = sigmoid(b), and
+    with allow_neg_eigval=True beta = 2 * sigmoid(b), in (0, 2). These run in their own (gating) variants.
 
     Raises TypeError/ValueError naming the bad argument; RuntimeError when an input requires grad under grad
     mode (there is no backward: call it under torch.no_grad() / torch.inference_mode(), or detach the inputs);
@@ -90,7 +92,7 @@ def chunk_gated_delta_rule(
     """
     call = check_call(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                       cu_seqlens, transpose_state, state_indices, output, output_state, validate, head_first,
-                      use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel)
+                      use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval)
     routes, route = select(call, artifacts)
     work, address, size = allocate(call, route)  # `work` stays referenced until the launches are enqueued
     launch(call, routes, route, address, size)
@@ -178,7 +180,8 @@ def launch(c: Call, routes: Routes, route: Route, workspace: int, size: int) -> 
                | (0 if idx is None else _USE_INDICES))
     a_log = dt_bias = 0
     if c.gate_in_kernel or c.beta_sigmoid:
-        options |= (_GATE_IN_KERNEL if c.gate_in_kernel else 0) | (_BETA_SIGMOID if c.beta_sigmoid else 0)
+        options |= ((_GATE_IN_KERNEL if c.gate_in_kernel else 0) | (_BETA_SIGMOID if c.beta_sigmoid else 0)
+                    | (_BETA_NEG_EIGVAL if c.neg_eigval else 0))
         if c.gate_in_kernel:
             a_log = c.A_log.data_ptr()
             if c.dt_bias is not None:

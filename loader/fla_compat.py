@@ -5,7 +5,7 @@
 
 Same positional order and keywords as fla 0.6.0, including the gating in the kernels (use_gate_in_kernel with
 A_log and dt_bias, use_beta_sigmoid_in_kernel). fla features that change the math and are not built here
-(allow_neg_eigval, context parallel) raise NotImplementedError rather than computing something else;
+(context parallel) raise NotImplementedError rather than computing something else;
 chunk_indices and chunk_size=64 are accepted and unneeded. Other keyword arguments are ignored, as fla ignores
 them (transformers' Qwen3.5 layer passes its own, such as use_cache).
 """
@@ -40,9 +40,8 @@ def chunk_gated_delta_rule(
 
     With cu_seqlens_cpu (fla's host copy) the sequence bounds are validated for free, without a device sync.
     """
-    for name, on in (("allow_neg_eigval", allow_neg_eigval), ("cp_context", cp_context is not None)):
-        if on:
-            raise NotImplementedError(f"gdn_aot does not implement fla's {name}")
+    if cp_context is not None:
+        raise NotImplementedError("gdn_aot does not implement fla's context parallelism (cp_context)")
     if kwargs.pop("chunk_size", 64) != 64:
         raise NotImplementedError("gdn_aot's kernels use chunk_size=64")
     state_v_first = kwargs.pop("transpose_state_layout", state_v_first)
@@ -56,5 +55,5 @@ def chunk_gated_delta_rule(
                     cu_seqlens=cu_seqlens, transpose_state=state_v_first, head_first=head_first,
                     use_gate_in_kernel=use_gate_in_kernel, A_log=A_log if use_gate_in_kernel else None,
                     dt_bias=dt_bias if use_gate_in_kernel else None,
-                    use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel)
+                    use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval)
 

@@ -24,12 +24,13 @@ class Call:
 
     __slots__ = ("q", "k", "v", "g", "beta", "cu_seqlens", "initial_state", "state_indices", "output",
                  "output_state", "output_final_state", "dtype", "B", "T", "H", "HV", "K", "V", "num_seqs", "scale",
-                 "l2norm", "transpose", "state_shape", "index", "A_log", "dt_bias", "gate_in_kernel", "beta_sigmoid")
+                 "l2norm", "transpose", "state_shape", "index", "A_log", "dt_bias", "gate_in_kernel", "beta_sigmoid",
+                 "neg_eigval")
 
 
 def check_call(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens,
                transpose_state, state_indices, output, output_state, validate, head_first, use_gate_in_kernel=False,
-               A_log=None, dt_bias=None, use_beta_sigmoid_in_kernel=False) -> Call:
+               A_log=None, dt_bias=None, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False) -> Call:
     """The public arguments (gdn_aot.chunk_gated_delta_rule's, in its order), checked; returns the Call."""
     if head_first:
         raise ValueError("head_first=True is not supported: pass q, k, v as [B, T, H, D] (fla's default layout)")
@@ -44,9 +45,10 @@ def check_call(q, k, v, g, beta, scale, initial_state, output_final_state, use_q
     c.output, c.output_state, c.output_final_state = output, output_state, output_final_state
     c.l2norm, c.transpose = use_qk_l2norm_in_kernel, transpose_state
     c.A_log = c.dt_bias = None
-    c.gate_in_kernel = c.beta_sigmoid = False
-    if use_gate_in_kernel or use_beta_sigmoid_in_kernel or A_log is not None or dt_bias is not None:
-        _check_gating(c, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel)
+    c.gate_in_kernel = c.beta_sigmoid = c.neg_eigval = False
+    if (use_gate_in_kernel or use_beta_sigmoid_in_kernel or allow_neg_eigval or A_log is not None
+            or dt_bias is not None):
+        _check_gating(c, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval)
     c.scale = c.K ** -0.5 if scale is None else float(scale)
     if not math.isfinite(c.scale):
         raise ValueError(f"scale must be a finite number, got {c.scale}")
@@ -188,9 +190,13 @@ def _check_state(name, x, shape, transpose, written: bool):
         raise ValueError(f"{name} must be contiguous (the kernels write it in place), got strides {x.stride()}")
 
 
-def _check_gating(c: Call, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel) -> None:
+def _check_gating(c: Call, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval) -> None:
     """fla's gating options: with use_gate_in_kernel, g is the raw a and A_log (and optionally dt_bias) are [HV]
-    float tensors; A_log and dt_bias without it are a mistake (they would be ignored)."""
+    float tensors; A_log and dt_bias without it are a mistake (they would be ignored); allow_neg_eigval doubles
+    the in-kernel sigmoid of beta, so it needs use_beta_sigmoid_in_kernel (as in fla)."""
+    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
+        raise ValueError("allow_neg_eigval=True needs use_beta_sigmoid_in_kernel=True: beta is then the raw b and "
+                         "the kernels compute beta = 2 * sigmoid(b), in (0, 2)")
     if use_gate_in_kernel:
         for name, x in (("A_log", A_log), ("dt_bias", dt_bias)):
             if x is None and name == "dt_bias":
@@ -206,6 +212,7 @@ def _check_gating(c: Call, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_
                          "input a); pass use_gate_in_kernel=True, or drop them and pass g = -exp(A_log) * "
                          "softplus(a + dt_bias)")
     c.gate_in_kernel, c.beta_sigmoid = bool(use_gate_in_kernel), bool(use_beta_sigmoid_in_kernel)
+    c.neg_eigval = bool(allow_neg_eigval)
     c.A_log, c.dt_bias = (A_log, dt_bias) if use_gate_in_kernel else (None, None)
 
 

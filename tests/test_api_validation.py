@@ -27,6 +27,7 @@ def call(**over):
 CASES = [
     (dict(q=[1, 2]), TypeError, "q must be a torch.Tensor"),
     (dict(A_log=torch.zeros(4)), ValueError, "A_log and dt_bias are read only with use_gate_in_kernel=True"),
+    (dict(allow_neg_eigval=True), ValueError, "allow_neg_eigval=True needs use_beta_sigmoid_in_kernel=True"),
     (dict(use_gate_in_kernel=True), TypeError, "A_log must be a torch.Tensor"),
     (dict(use_gate_in_kernel=True, A_log=torch.zeros(4, 1)), ValueError, "A_log must have 1 dimensions"),
     (dict(use_gate_in_kernel=True, A_log=torch.zeros(3)), ValueError, "A_log must have shape \\[HV\\] = \\[4\\]"),
@@ -237,20 +238,21 @@ def test_launch_packs_the_declared_fields(monkeypatch):
     assert got["A_log"] == got["dt_bias"] == 0  # no gating in the kernels asked for
 
 
-@pytest.mark.parametrize("with_bias", [False, True])
-def test_launch_passes_the_gating_inputs(monkeypatch, with_bias):
-    """use_gate_in_kernel / use_beta_sigmoid_in_kernel: their option bits, and A_log and dt_bias as fp32 [HV]
-    (converted once from another dtype), in the launch's argument struct."""
+@pytest.mark.parametrize("with_bias, neg_eigval", [(False, False), (True, False), (True, True)])
+def test_launch_passes_the_gating_inputs(monkeypatch, with_bias, neg_eigval):
+    """use_gate_in_kernel / use_beta_sigmoid_in_kernel / allow_neg_eigval: their option bits, and A_log and
+    dt_bias as fp32 [HV] (converted once from another dtype), in the launch's argument struct."""
     from gdn_aot.loader.abi import OPTION_BITS
 
     a_log = torch.randn(4, dtype=torch.bfloat16)
     dt_bias = torch.randn(4) if with_bias else None
     c = checked_call(monkeypatch, use_gate_in_kernel=True, A_log=a_log, dt_bias=dt_bias,
-                     use_beta_sigmoid_in_kernel=True)
+                     use_beta_sigmoid_in_kernel=True, allow_neg_eigval=neg_eigval)
     allocate(c)
     assert c.A_log.dtype == torch.float32 and torch.equal(c.A_log, a_log.float())
     got = launched_args(monkeypatch, c)
     bias_bit = OPTION_BITS["GATE_BIAS"] if with_bias else 0
-    assert got["options"] == OPTION_BITS["GATE_IN_KERNEL"] | OPTION_BITS["BETA_SIGMOID"] | bias_bit
+    neg_bit = OPTION_BITS["BETA_NEG_EIGVAL"] if neg_eigval else 0
+    assert got["options"] == OPTION_BITS["GATE_IN_KERNEL"] | OPTION_BITS["BETA_SIGMOID"] | bias_bit | neg_bit
     assert got["A_log"] == c.A_log.data_ptr()
     assert got["dt_bias"] == (dt_bias.data_ptr() if with_bias else 0)

@@ -144,10 +144,11 @@ def test_gate_extremes(g_range):
     run_case(f"g in {g_range}", [1000, 37, 300], g_range=g_range)
 
 
-@pytest.mark.parametrize("with_bias", [False, True])
-def test_gating_in_kernel(with_bias):
+@pytest.mark.parametrize("with_bias, neg_eigval", [(False, False), (True, False), (True, True)])
+def test_gating_in_kernel(with_bias, neg_eigval):
     """use_gate_in_kernel (g = -exp(A_log) softplus(a + dt_bias), fla's formula) and use_beta_sigmoid_in_kernel
-    (beta = sigmoid(b)): the same results as the forward given the gates torch computes, and the reference's."""
+    (beta = sigmoid(b), or 2 sigmoid(b) with allow_neg_eigval): the same results as the forward given the gates
+    torch computes, and the reference's."""
     import gdn_aot
 
     lens, HV = [1, 63, 0, 65, 130], 4
@@ -158,11 +159,11 @@ def test_gating_in_kernel(with_bias):
     A_log = torch.randn(HV, device="cuda", generator=gen) - 1
     dt_bias = torch.randn(HV, device="cuda", generator=gen) if with_bias else None
     g = -A_log.exp() * torch.nn.functional.softplus(a.float() + (0 if dt_bias is None else dt_bias))
-    beta = torch.sigmoid(b)
+    beta = torch.sigmoid(b) * (2 if neg_eigval else 1)
     h0 = torch.randn(len(lens), HV, K, V, device="cuda")
     kw = dict(initial_state=h0, output_final_state=True, cu_seqlens=cu, use_qk_l2norm_in_kernel=True)
     o, ht = gdn_aot.chunk_gated_delta_rule(q, k, v, a, b, use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias,
-                                           use_beta_sigmoid_in_kernel=True, **kw)
+                                           use_beta_sigmoid_in_kernel=True, allow_neg_eigval=neg_eigval, **kw)
     o_ref, ht_ref = gdn_aot.chunk_gated_delta_rule(q, k, v, g, beta, **kw)
     torch.cuda.synchronize()
     assert rel_max_err(o.float().cpu(), o_ref.float().cpu()) <= 1e-2

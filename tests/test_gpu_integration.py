@@ -64,5 +64,5 @@ def test_fla_import_swap_matches_native_api():
                                        transpose_state=True)
     torch.cuda.synchronize()
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
-    with pytest.raises(NotImplementedError, match="allow_neg_eigval"):
-        fla_style(q, k, v, g, beta, allow_neg_eigval=True, cu_seqlens=cu)
+    with pytest.raises(NotImplementedError, match="context parallelism"):
+        fla_style(q, k, v, g, beta, cp_context=object(), cu_seqlens=cu)

@@ -58,7 +58,7 @@ def test_qwen35_prefill_through_the_shim_then_decode(monkeypatch):
 
     monkeypatch.setattr(modeling, "torch_chunk_gated_delta_rule", prefill)
     ours = prefill_and_decode(model, prompt, steps)
-    assert calls and calls[0][0] == (2, PROMPT, 2, 128), "the prefill went through gdn_aot"
+    assert calls and calls[0][0][:2] == (2, PROMPT), "the prefill went through gdn_aot"
     for step, (want, got) in enumerate(zip(reference, ours)):
         err = float((got - want).abs().max() / want.abs().max())
         assert err <= LOGIT_TOL, (f"{'prefill' if step == 0 else f'decode step {step}'}: logits differ by {err:.2%} "

@@ -251,7 +251,8 @@ def test_prepare_through_the_loader_on_gpu(tiny_build, l2norm):
     grid = (rows // 64 + n, H, 1)
     scratch = torch.empty(max(kern.scratch_bytes(grid), 1), device="cuda", dtype=torch.uint8)
     kern.launch(grid, torch.cuda.current_stream().cuda_stream, q.data_ptr(), k.data_ptr(), v.data_ptr(),
-                g.data_ptr(), beta.data_ptr(), 0, 0, cu.data_ptr(), w.data_ptr(),  # no A_log, dt_bias u.data_ptr(), gam.data_ptr(),
+                g.data_ptr(), beta.data_ptr(), 0, 0,  # no A_log, dt_bias
+                cu.data_ptr(), w.data_ptr(), u.data_ptr(), gam.data_ptr(),
                 qg.data_ptr(), kg.data_ptr(), rows, n, H, HV, PREPARE_L2NORM if l2norm else 0,
                 scratch_ptr=scratch.data_ptr() if kern.scratch_size else 0)
     torch.cuda.synchronize()
