@@ -43,14 +43,16 @@ def profile(case: str, reps: int):
     pgrid = (T // BT + n, H, 1)
     pscratch = torch.empty(prep.scratch_bytes(pgrid), device=dev, dtype=torch.uint8)
     rows.append(("prepare", timed(lambda: prep.launch(pgrid, stream, q.data_ptr(), k.data_ptr(), v.data_ptr(),
-                                                      g.data_ptr(), beta.data_ptr(), cu.data_ptr(), w.data_ptr(),
+                                                      g.data_ptr(), beta.data_ptr(), 0, 0,  # no A_log, dt_bias
+                                                      cu.data_ptr(), w.data_ptr(),
                                                       u.data_ptr(), gam.data_ptr(), qg.data_ptr(), kg.data_ptr(),
                                                       T, n, H, HV, PREPARE_L2NORM,
                                                       scratch_ptr=pscratch.data_ptr() if pscratch.numel() else 0),
                                   reps)))
     for key, e in arts.manifest.variants.items():
         a = e["axes"]
-        if e["kernel"] != "gdn_scan" or a["dtype"] != "bf16" or not a["varlen"] or a["transpose"]:
+        if (e["kernel"] != "gdn_scan" or a["dtype"] != "bf16" or not a["varlen"] or a["transpose"]
+                or a["state_dtype"] != "fp32" or a["checkpoints"]):
             continue
         scan = arts.kernel(key)
         grid = (n, HV, V // a["BV"])
