@@ -3,6 +3,7 @@
 
     python3 bench/bench.py [--cases IDS] [--systems gdn_aot,flashinfer,fla] [--quick] [--no-extras] [--out F]
     python3 bench/bench.py --invariance [--targets 5000,65536]
+    python3 bench/bench.py --state-dtypes fp32,bf16 [--cases 1x8192,32x8192]
     python3 bench/bench.py --list-cases
 
 Needs a CUDA GPU and gdn_aot importable (installed, or on PYTHONPATH). fla and FlashInfer are optional: a peer
@@ -46,6 +47,13 @@ synchronising, host us = median loop time / N, dev-incl us = median time until t
 plus calls timed one by one; bench/host_time.py runs only this), and a fresh process's time to its first result
 (the child times itself from before `import torch` to the first call's synchronize; the parent times the
 subprocess; fla's child gets an empty TRITON_CACHE_DIR, so it compiles and autotunes from scratch).
+
+--state-dtypes runs gdn_aot alone with the initial and final state stored in each listed dtype (fp32, bf16, fp16,
+fp8e4m3, fp8e5m2; fp32 always, as the baseline): h0 converted to the dtype and output_state preallocated in it
+outside the timed region, so every call reads and writes the state in that dtype (the recurrence stays fp32 on
+chip); default cases 1x8192 and 32x8192. Printed: the medians, each dtype's ratio to fp32 (< 1: faster) and its
+final state's difference from fp32's. fp16 and fp8 states need the artifacts of specs/state-dtypes.yaml
+(GDN_AOT_ARTIFACTS); JSON default <gpu-name>-state-dtypes.json.
 
 --invariance runs the batch-invariance check instead (H=16, HV=32; --systems applies): each target sequence
 (default 5000 and 65536 tokens; one seed per sequence, so its data never changes) alone, in [3000, T, 700], among
@@ -102,6 +110,10 @@ CASES = [Case("1x2048", "1x2048", [2048], 32),
 TARGETS_MS = {"32x8192": 3.0, "1x65536": 1.2, "1x8192": 0.20, "4x2048": 0.11, "hv64-8x8192": 1.4}
 MIN_SPEEDUP_VS_FLASHINFER = 1.2
 SYSTEM_ORDER = ("gdn_aot", "flashinfer", "fla")  # fla last: a failed capture can only disturb what follows it
+# --state-dtypes: the storage dtypes of the state (the variants' state_dtype axis) and the cases timed by default
+STATE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
+                "fp8e4m3": torch.float8_e4m3fn, "fp8e5m2": torch.float8_e5m2}
+STATE_CASES = "1x8192,32x8192"
 LABEL = {"gdn_aot": "gdn", "flashinfer": "FI", "fla": "fla"}
 
 FRESH = r"""
@@ -176,6 +188,36 @@ class GdnAot(System):
     def __call__(self, a):
         return self.fn(a["q"], a["k"], a["v"], a["g"], a["beta"], initial_state=a["h0"], output_final_state=True,
                        cu_seqlens=a["cu"], use_qk_l2norm_in_kernel=True, transpose_state=self.state_vk)
+
+
+class GdnAotState(GdnAot):
+    """gdn_aot with the initial and final state stored in `state_dtype` (--state-dtypes): prepare() converts h0 and
+    allocates output_state in it, so the call's state dtype is that one (the API takes output_state's)."""
+
+    def __init__(self, state_dtype, state_vk=False):
+        super().__init__(state_vk)
+        self.state_dtype = state_dtype
+
+    def prepare(self, x):
+        a = super().prepare(x)
+        a["h0"] = a["h0"].to(STATE_DTYPES[self.state_dtype])
+        a["ht"] = torch.empty_like(a["h0"])
+        return a
+
+    def __call__(self, a):
+        return self.fn(a["q"], a["k"], a["v"], a["g"], a["beta"], initial_state=a["h0"], output_state=a["ht"],
+                       cu_seqlens=a["cu"], use_qk_l2norm_in_kernel=True, transpose_state=self.state_vk)
+
+
+def state_system_name(state_dtype):
+    """fp32 is the baseline "gdn_aot", so bench_case's ratios and errors are each dtype's against fp32."""
+    return "gdn_aot" if state_dtype == "fp32" else f"gdn_aot-{state_dtype}"
+
+
+def load_state_systems(state_dtypes, gdn_state="kv", system=GdnAotState):
+    """{name: system(dtype)}: fp32 first, then the other dtypes asked for."""
+    return {state_system_name(d): system(d, gdn_state == "vk")
+            for d in ("fp32", *(d for d in state_dtypes if d != "fp32"))}
 
 
 class Fla(System):
@@ -363,7 +405,8 @@ def extra_mb(run, a):
     torch.cuda.reset_peak_memory_stats()
     o, ht = run(a)
     torch.cuda.synchronize()
-    return (torch.cuda.max_memory_allocated() - before - o.nbytes - ht.nbytes) / 2**20
+    returned = o.nbytes + (0 if ht is a.get("ht") else ht.nbytes)  # a preallocated final state is not the call's
+    return (torch.cuda.max_memory_allocated() - before - returned) / 2**20
 
 
 def rel_err(a, b):
@@ -632,6 +675,14 @@ def parse_cases(spec):
     return out
 
 
+def parse_state_dtypes(spec):
+    dtypes = [d.strip().lower() for d in spec.split(",") if d.strip()]
+    bad = [d for d in dtypes if d not in STATE_DTYPES]
+    if not dtypes or bad:
+        raise ValueError(f"--state-dtypes: comma-separated among {', '.join(STATE_DTYPES)}, got {spec!r}")
+    return dtypes
+
+
 def parse_systems(spec):
     names = [n.strip().lower() for n in (spec or "").split(",") if n.strip()]
     bad = [n for n in names if n not in SYSTEM_CLASSES]
@@ -648,8 +699,9 @@ def gpu_slug(name):
     return s or "gpu"
 
 
-def default_out(gpu_name, invariance=False):
-    return os.path.join(BENCH_DIR, "results", gpu_slug(gpu_name) + ("-invariance" if invariance else "") + ".json")
+def default_out(gpu_name, mode="bench"):
+    """bench/results/<gpu>.json, or <gpu>-<mode>.json for the other modes (invariance, state-dtypes)."""
+    return os.path.join(BENCH_DIR, "results", gpu_slug(gpu_name) + ("" if mode == "bench" else f"-{mode}") + ".json")
 
 
 def _jsonable(x):
@@ -776,6 +828,24 @@ def failure_notes(rows, names):
     return [f"{what}: {n} ({', '.join(cases)}): {reason}" for (n, what, reason), cases in seen.items()]
 
 
+def state_dtypes_table(rows, names):
+    """Per case and state dtype: medians, the ratio to the fp32 state's, and the final state's difference."""
+    cols = ["case", "state", "eager ms", "graph ms", "/fp32 eager", "/fp32 graph", "ht vs fp32"]
+    body = []
+    for r in rows:
+        for n in names:
+            d = r["systems"].get(n, {})
+            state = n.split("-", 1)[1] if "-" in n else "fp32"
+            if "error" in d:
+                body.append([r["case"], state, "FAILED", "-", "-", "-", d["error"][:80]])
+                continue
+            q = r.get("ratios", {}).get(f"{n}_over_gdn_aot", {})
+            e = r.get("errors", {}).get(n, {})
+            body.append([r["case"], state, _ms_cell(d, "eager"), _ms_cell(d, "graph"), fmt(q.get("eager"), ".3f"),
+                         fmt(q.get("graph"), ".3f"), fmt(e.get("ht"), ".1e")])
+    return _md(cols, body)
+
+
 def targets_table(rows):
     cols = ["case", "gdn graph ms", "target ms", "gdn/target", "ms target", "FI graph ms", "FI/gdn graph",
             f">= {MIN_SPEEDUP_VS_FLASHINFER}x FI"]
@@ -839,8 +909,8 @@ def extras_table(results, names):
 def build_parser():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] + " " + __doc__.splitlines()[1],
                                  epilog="Module docstring and bench/README.md: columns, method, JSON schema.")
-    ap.add_argument("--cases", default="all",
-                    help="comma-separated case ids (--list-cases) or NxL / L1+L2 [@HV] ad-hoc cases; default all")
+    ap.add_argument("--cases", help="comma-separated case ids (--list-cases) or NxL / L1+L2 [@HV] ad-hoc cases; "
+                    f"default all ({STATE_CASES} with --state-dtypes)")
     ap.add_argument("--systems", default=",".join(SYSTEM_ORDER),
                     help="comma-separated subset of gdn_aot,flashinfer,fla (gdn_aot is always run; a peer that "
                     "does not import is skipped); default all three")
@@ -863,6 +933,8 @@ def build_parser():
                     help="run the batch-invariance check instead of the timing bench (exit 1 if gdn_aot is not "
                     "bitwise invariant, 2 if it failed to run)")
     ap.add_argument("--targets", default="5000,65536", help="--invariance: target sequence lengths")
+    ap.add_argument("--state-dtypes", help="time gdn_aot alone with the state stored in each of these dtypes "
+                    f"(among {', '.join(STATE_DTYPES)}; fp32 always, the baseline of the printed ratios)")
     ap.add_argument("--list-cases", action="store_true", help="print the case ids and exit (needs no GPU)")
     return ap
 
@@ -871,8 +943,9 @@ def main(argv=None):
     ap = build_parser()
     args = ap.parse_args(argv)
     try:
-        cases = parse_cases(args.cases)
+        cases = parse_cases(args.cases or (STATE_CASES if args.state_dtypes else "all"))
         names = parse_systems(args.systems)
+        state_dtypes = parse_state_dtypes(args.state_dtypes) if args.state_dtypes else None
         targets = [int(t) for t in args.targets.split(",") if t.strip()]
         if not targets or min(targets) < 1:
             raise ValueError("--targets: positive sequence lengths, comma-separated")
@@ -896,11 +969,13 @@ def main(argv=None):
         os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="gdn_bench_triton_")
     start = time.perf_counter()
     gpu = torch.cuda.get_device_name()
-    out = None if (args.out or "").lower() == "none" else (args.out or default_out(gpu, args.invariance))
+    mode = "invariance" if args.invariance else "state-dtypes" if state_dtypes else "bench"
+    out = None if (args.out or "").lower() == "none" else (args.out or default_out(gpu, mode))
     log(f"{gpu}, torch {torch.__version__}" + ("" if args.invariance else
         f", {reps} eager calls + {graph_reps} graph replays per case and library, {warmup} warm-up round(s)"))
     try:
-        systems = load_systems(names, args.gdn_state)
+        systems = load_state_systems(state_dtypes, args.gdn_state) if state_dtypes else load_systems(names,
+                                                                                                   args.gdn_state)
     except Exception as e:
         log(f"gdn_aot is not importable: {err_str(e, 2000)}")
         return 2
@@ -919,6 +994,8 @@ def main(argv=None):
         log(f"\ngdn_aot: {status}; total {time.perf_counter() - start:.0f} s" + (f"; JSON in {out}" if out else ""))
         return {"ok": 0, "not invariant": 1}.get(status, 2)
 
+    if state_dtypes:
+        return run_state_dtypes(systems, cases, reps, graph_reps, warmup, out, start)
     results = dict(meta=metadata(systems, dict(mode="bench", eager_reps=reps, graph_reps=graph_reps,
                                                warmup_rounds=warmup, rotate_below_bytes=ROTATE_BELOW)),
                    cases=[], host={}, fresh={})
@@ -967,6 +1044,26 @@ def main(argv=None):
     if not args.no_extras:
         log("\n## Host time and fresh process\n")
         log(extras_table(results, names))
+    log(f"\ntotal {results['meta']['total_s']:.0f} s" + (f"; JSON in {out}" if out else ""))
+    return 0
+
+
+def run_state_dtypes(systems, cases, reps, graph_reps, warmup, out, start):
+    """--state-dtypes: each case with every state dtype (bench_case: fp32 is "gdn_aot", the others its peers)."""
+    results = dict(meta=metadata(systems, dict(mode="state-dtypes", eager_reps=reps, graph_reps=graph_reps,
+                                               warmup_rounds=warmup, rotate_below_bytes=ROTATE_BELOW)), cases=[])
+    for case in cases:
+        try:
+            results["cases"].append(bench_case(case, systems, reps, graph_reps, warmup))
+        except Exception as e:
+            log(f"  {case.name}: FAILED {err_str(e)}")
+        torch.cuda.empty_cache()
+        write_json(out, results)
+    results["meta"]["total_s"] = time.perf_counter() - start
+    write_json(out, results)
+    log("\n## gdn_aot with the initial and final state stored in each dtype (H=16, K=V=128, bf16 inputs, varlen, "
+        "l2norm in kernel): median ms, ratio to the fp32 state, max|ht - fp32 ht| / max|fp32 ht|\n")
+    log(state_dtypes_table(results["cases"], list(systems)))
     log(f"\ntotal {results['meta']['total_s']:.0f} s" + (f"; JSON in {out}" if out else ""))
     return 0
 

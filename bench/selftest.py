@@ -154,6 +154,22 @@ class FakeGdn(bench.GdnAot):
                 lambda o, ht: (o + 0.01 * (cu_seqlens.numel() - 2), ht))(*fake_gdn(q, *a, cu_seqlens=cu_seqlens, **kw))
 
 
+def fake_gdn_state(q, k, v, g, beta, initial_state=None, output_state=None, cu_seqlens=None,
+                   use_qk_l2norm_in_kernel=False, transpose_state=False):
+    """gdn_aot with the state stored in output_state's dtype: the fp32 forward from the widened initial state,
+    rounded into output_state (what the kernels do)."""
+    o, ht = fake_gdn(q, k, v, g, beta, initial_state=initial_state.float(), output_final_state=True,
+                     cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                     transpose_state=transpose_state)
+    return o, output_state.copy_(ht)
+
+
+class FakeGdnState(bench.GdnAotState):
+    def __init__(self, state_dtype, state_vk=False):
+        self.fn, self.version, self.path, self.state_vk = fake_gdn_state, "fake", "-", state_vk
+        self.state_dtype = state_dtype
+
+
 class FakeFla(bench.Fla):
     def __init__(self):
         self.fn, self.version, self.path = fake_fla, "fake", "-"
@@ -197,7 +213,14 @@ def check_helpers():
     assert bench.parse_systems("fla,flashinfer,gdn_aot") == bench.SYSTEM_ORDER
     assert bench.gpu_slug("NVIDIA H200") == "h200" and bench.gpu_slug("NVIDIA H100 80GB HBM3") == "h100-80gb-hbm3"
     assert bench.default_out("NVIDIA H200").endswith(os.path.join("bench", "results", "h200.json"))
-    assert bench.default_out("NVIDIA A100-SXM4-80GB", True).endswith("a100-sxm4-80gb-invariance.json")
+    assert bench.default_out("NVIDIA A100-SXM4-80GB", "invariance").endswith("a100-sxm4-80gb-invariance.json")
+    assert bench.parse_state_dtypes("bf16, fp8e4m3") == ["bf16", "fp8e4m3"]
+    for bad in ("", "fp64", "bf16,int8"):
+        try:
+            bench.parse_state_dtypes(bad)
+            raise AssertionError(bad)
+        except ValueError:
+            pass
     sc = bench.invariance_scenarios(65536, 7)
     assert [n for n, _ in sc] == ["alone", "[3000, T, 700]", "64 seqs (T 18th)", "beside 31 x 8192"]
     assert [len(m) for _, m in sc] == [1, 3, 64, 32] and all((65536, 7) in m for _, m in sc)
@@ -266,6 +289,25 @@ def check_bench(tmp):
     print("bench flow (fake libraries, fake CUDA): ok")
 
 
+def check_state_dtypes(tmp):
+    out = os.path.join(tmp, "state.json")
+    orig = bench.load_state_systems
+    bench.load_state_systems = lambda dtypes, gdn_state="kv": orig(dtypes, gdn_state, system=FakeGdnState)
+    rc = bench.main(["--state-dtypes", "bf16,fp8e4m3", "--cases", "2x64", "--quick", "--out", out])
+    bench.load_state_systems = orig
+    res = json.load(open(out))
+    assert rc == 0 and res["meta"]["mode"] == "state-dtypes"
+    (c,) = res["cases"]
+    assert list(c["systems"]) == ["gdn_aot", "gdn_aot-bf16", "gdn_aot-fp8e4m3"]  # fp32, the baseline, first
+    assert set(c["ratios"]) == {"gdn_aot-bf16_over_gdn_aot", "gdn_aot-fp8e4m3_over_gdn_aot"}
+    # against the fp32 state: each dtype starts from h0 rounded to it and stores its final state rounded, so the
+    # differences grow with the rounding (bf16 2^-8, e4m3 2^-4 of a value)
+    errors = c["errors"]
+    assert 0 < errors["gdn_aot-bf16"]["ht"] < errors["gdn_aot-fp8e4m3"]["ht"] < 2 ** -3, errors
+    assert 0 < errors["gdn_aot-bf16"]["o"] < errors["gdn_aot-fp8e4m3"]["o"] < 2 ** -3, errors
+    print("state dtypes flow (fake gdn_aot, fake CUDA): ok")
+
+
 def check_invariance(tmp):
     bench.LENS64 = [16 + (7 * i) % 50 for i in range(64)]  # small, for the CPU
     out = os.path.join(tmp, "inv.json")
@@ -293,6 +335,7 @@ if __name__ == "__main__":
     install_fake_cuda()
     with tempfile.TemporaryDirectory() as tmp:
         check_bench(tmp)
+        check_state_dtypes(tmp)
         check_invariance(tmp)
     check_fresh_failure()
     print("selftest passed")

@@ -310,7 +310,7 @@ def chunk_row_scalings(qg_rows, kg_rows, gam_last, scale, rows_tt: gl.constexpr)
 
 @gluon.jit
 def loop_variant(x, j):
-    """x, as a value the compiler cannot prove invariant in a loop over j.
+    """x, as a value the compiler cannot prove invariant in a loop over j, nor equal to x (store_tmem_state).
 
     gdn_prepare passes the chunk's row bounds through this once per value head: otherwise every address and mask
     derived from them is hoisted out of the loop over value heads and pinned in registers (255 registers a
@@ -322,8 +322,8 @@ def loop_variant(x, j):
 
 @constexpr_function
 def state_io_layout(K, BV, TRANSPOSE_STATE, num_warps):
-    """Coalesced layout for moving a [K, BV] fp32 state tile to or from HBM: 4 consecutive elements of the
-    HBM-contiguous dimension (V, or K when transposed) per thread, a warp along that dimension."""
+    """Coalesced layout for moving a [K, BV] state tile to or from HBM: 4 consecutive elements of the
+    HBM-contiguous dimension (V, or K when transposed) per thread, a warp along that dimension (any state dtype)."""
     if TRANSPOSE_STATE:
         tpw = min(32, K // 4)
         return gl.BlockedLayout([4, 1], [tpw, 32 // tpw], [1, num_warps], [0, 1])
@@ -334,19 +334,22 @@ def state_io_layout(K, BV, TRANSPOSE_STATE, num_warps):
 @gluon.jit
 def load_state_tile(h0, slot, i_hv, i_v, HV, mask, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr,
                     TRANSPOSE_STATE: gl.constexpr, layout: gl.constexpr):
-    """The [K, BV] tile of state slot `slot` in `layout` (zeros where mask is false), read coalesced."""
+    """The [K, BV] tile of state slot `slot` in `layout` (zeros where mask is false), read coalesced and widened
+    to fp32 (exact) from h0's storage dtype as it lands, so the rest is an fp32 state's code."""
     io: gl.constexpr = state_io_layout(K, BV, TRANSPOSE_STATE, gl.num_warps())
     offs = state_tile_offsets(slot, i_hv, i_v, HV, K, V, BV, TRANSPOSE_STATE, io)
-    return gl.convert_layout(gl.load(h0 + offs, mask=mask, other=0.0), layout)
+    return gl.convert_layout(gl.load(h0 + offs, mask=mask, other=0.0).to(gl.float32), layout)
 
 
 @gluon.jit
 def store_state_tile(ht, h, slot, i_hv, i_v, HV, mask, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr,
                      TRANSPOSE_STATE: gl.constexpr):
-    """Write the [K, BV] tile h of state slot `slot` (if mask), coalesced."""
+    """Write the [K, BV] fp32 tile h of state slot `slot` (if mask), coalesced, rounded to nearest even to ht's
+    storage dtype just before the store (fp8: saturated at the largest finite value), after an fp32 state's code.
+    (Rounding before the layout change instead left the sm_90a fp8 scan at BV = 128 with 32 more spilled bytes.)"""
     io: gl.constexpr = state_io_layout(K, BV, TRANSPOSE_STATE, gl.num_warps())
     offs = state_tile_offsets(slot, i_hv, i_v, HV, K, V, BV, TRANSPOSE_STATE, io)
-    gl.store(ht + offs, gl.convert_layout(h, io), mask=mask)
+    gl.store(ht + offs, gl.convert_layout(h, io).to(ht.dtype.element_ty), mask=mask)
 
 
 @gluon.jit
@@ -433,3 +436,17 @@ def issue_chunk_loads(q_desc, k_desc, w_desc, u_desc, row, bar, q_buf, k_buf, w_
     tma.async_copy_global_to_shared(k_desc, [row, 0], bar, k_buf)
     tma.async_copy_global_to_shared(w_desc, [row, 0], bar, w_buf)
     tma.async_copy_global_to_shared(u_desc, [row, 0], bar, u_buf)
+
+
+@gluon.jit
+def store_tmem_state(ht, h_tmem, slot, i_hv, i_v, HV, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr,
+                     HS: gl.constexpr, TRANSPOSE_STATE: gl.constexpr, reg_hs: gl.constexpr):
+    """Write the [K, BV] fp32 state tile h_tmem (tensor memory) to ht's slot `slot` through registers, in [K, HS]
+    column slices (reg_hs: their tcgen05.ld layout), each converted and written by store_state_tile (gdn_scan's
+    state stored narrower than fp32; an fp32 one leaves by TMA). The slot passes through loop_variant first: given
+    the slot itself, the compiler reuses the element offsets of the initial state's loads, and keeps them across
+    the chunk loop (at BV = 128: 29 values parked in 120 bytes of local memory)."""
+    slot = loop_variant(slot, i_v)
+    for j in gl.static_range(BV // HS):
+        store_state_tile(ht, h_tmem.slice(j * HS, HS).load(reg_hs), slot, i_hv, i_v * (BV // HS) + j, HV, True, K,
+                         V, HS, TRANSPOSE_STATE)

@@ -25,8 +25,8 @@ Units:
   * o leaves by TMA: full chunks with a plain TMA store (UTMASTG) through the per-sequence descriptor; the last,
     partial chunk of a sequence with tma.async_scatter (SASS UTMASTG.2D.SCATTER4) over a descriptor of
     the whole packed o, rows past the sequence end given the offset 0x7FFFFFFF, which the TMA unit skips.
-  * the final state leaves by TMA through a shared-memory staging tile; the transposed [V, K] layout is written
-    by storing the [K, BV/2] register tile into a permuted ([1, 0]) view of a [BV/2, K] tile.
+  * an fp32 final state leaves by TMA through a shared-memory staging tile ([V, K]: the [K, BV/2] register tile
+    stored into a permuted view of a [BV/2, K] tile); a narrower one from registers (common.store_tmem_state).
 The state h [K, BV] fp32 lives in TMEM as the accumulator of the k^T v_dec update. Why TMEM and not registers:
 every chunk needs h as a 16-bit MMA operand in shared memory anyway (tcgen05.ld, cvt, st.shared), and the
 decay e^gam_last is applied in the same pass (tcgen05.st back), done in [K, 64] column slices, so at most 64
@@ -44,7 +44,7 @@ from triton.experimental.gluon.language.nvidia.blackwell import (TensorMemoryLay
                                                                   mbarrier, tcgen05_commit, tcgen05_mma, tma)
 
 from .common import (SCAN_HAS_H0, SCAN_STORE_HT, SCAN_USE_INDICES, causal_decay_bitmask, chunk_row_scalings,
-                     chunk_rows, issue_chunk_loads, load_state_tile, row_tile_desc, sequence_bounds)
+                     chunk_rows, issue_chunk_loads, load_state_tile, row_tile_desc, sequence_bounds, store_tmem_state)
 
 ROW_SKIP = gl.constexpr(0x7FFFFFFF)  # async_scatter row offset that the TMA unit skips (out of range)
 
@@ -131,7 +131,7 @@ def scan_kernel(q, k, w, u, gam, qg, kg, cu_seqlens, h0, ht, state_indices, o, s
     # each slice coalesced (16-byte vectors, a warp along the HBM-contiguous dimension) and convert_layouts it to
     # the tcgen05.st layout: reading straight in reg_hs (one K row a thread) put a warp's 32 lanes on 32 rows
     # 4*V bytes apart in the [K, V] layout (only the transposed [V, K] layout was coalesced that way).
-    # The final state needs no such helper: it leaves by TMA (_store_state).
+    # An fp32 final state needs no such helper: it leaves by TMA (_store_state).
     for j in gl.static_range(BV // HS):
         h_tmem.slice(j * HS, HS).store(load_state_tile(h0, slot, i_hv, i_v * (BV // HS) + j, HV,
                                                        ((flags & SCAN_HAS_H0) != 0) & (slot >= 0), K, V, HS,
@@ -256,4 +256,7 @@ def scan_kernel(q, k, w, u, gam, qg, kg, cu_seqlens, h0, ht, state_indices, o, s
         mbarrier.invalidate(bars.index(b))
 
     if ((flags & SCAN_STORE_HT) != 0) & (slot >= 0):
-        _store_state(ht, h_tmem, h_smem, slot, i_hv, i_v, HV, K, V, BV, TRANSPOSE_STATE, num_warps)
+        if ht.dtype.element_ty == gl.float32:
+            _store_state(ht, h_tmem, h_smem, slot, i_hv, i_v, HV, K, V, BV, TRANSPOSE_STATE, num_warps)
+        else:  # stored narrower: from registers, converted by common.store_state_tile as in every other kernel
+            store_tmem_state(ht, h_tmem, slot, i_hv, i_v, HV, K, V, BV, HS, TRANSPOSE_STATE, reg_hs)

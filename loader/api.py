@@ -18,9 +18,10 @@ import torch
 from .abi import CALL_ARGS, OPTION_BITS, WORKSPACE_ALIGN
 from .artifact_sets import Artifacts
 from .routes import Route, Routes
-from .validate import Call, check_call
+from .validate import STATE_DTYPES, Call, check_call
 
 _FP32, _I32, _U8 = torch.float32, torch.int32, torch.uint8
+_CONTIGUOUS = torch.contiguous_format
 _ALIGN_MASK = WORKSPACE_ALIGN - 1
 _L2NORM, _HAS_H0 = OPTION_BITS["L2NORM"], OPTION_BITS["HAS_H0"]
 _STORE_HT, _USE_INDICES = OPTION_BITS["STORE_HT"], OPTION_BITS["USE_INDICES"]
@@ -67,13 +68,17 @@ def chunk_gated_delta_rule(
     cu_seqlens: [N + 1] int32/int64 on the same GPU, for packed varlen batches (then B must be 1); adjacent equal
     values are empty sequences.
 
-    State: [N, HV, K, V], or [N, HV, V, K] with transpose_state (the layout decode kernels read).
-    initial_state=None starts from zero; fp32, bf16 or fp16 (converted to fp32 once, as fla reads it).
-    output_final_state=True returns the final state, in fp32. With state_indices ([N] int32/int64, on the GPU)
-    initial_state is a state pool [slots, HV, ...] (fp32, contiguous): sequence n starts from slot
-    state_indices[n] (-1: from zero) and its final state is written back into that slot in place (the pool is
-    returned as final_state); no gather/scatter copies. output / output_state: preallocated results (contiguous;
-    output_state fp32).
+    State: [N, HV, K, V], or [N, HV, V, K] with transpose_state (the layout decode kernels read), stored in
+    float32, bfloat16, float16, float8_e4m3fn or float8_e5m2 (the recurrence runs in fp32 on chip; the kernels
+    widen the initial state as they read it and round the final state, to nearest even, as they write it).
+    The call's state dtype is the pool's with state_indices, else output_state's when given, else float32.
+    initial_state=None starts from zero; one in another dtype than the call's (or strided) is converted once.
+    output_final_state=True returns the final state (a new one in float32, as fla's). With state_indices ([N]
+    int32/int64, on the GPU) initial_state is a state pool [slots, HV, ...] (contiguous): sequence n starts from
+    slot state_indices[n] (-1: from zero) and its final state is written back into that slot in place (the pool
+    is returned as final_state); no gather/scatter copies. output / output_state: preallocated results
+    (contiguous; output_state in the pool's dtype with a pool). fp16 and fp8 states need the artifacts of
+    specs/state-dtypes.yaml.
 
     validate=True additionally checks cu_seqlens' values (starts at 0, non-decreasing, ends at T) and
     state_indices' range, at the cost of one device-to-host copy; without it the kernels clamp every
@@ -102,8 +107,8 @@ def chunk_gated_delta_rule(
 def select(call: Call, artifacts) -> tuple[Routes, Route]:
     """The configuration's routes on the call's device (loaded on first use) and the one serving the batch."""
     arts = Artifacts.for_device(call.index, root=artifacts)
-    config = (call.dtype, call.K, call.V, call.cu_seqlens is not None, call.transpose, "fp32",
-              call.gate_in_kernel or call.beta_sigmoid, False)
+    config = (call.dtype, call.K, call.V, call.cu_seqlens is not None, call.transpose,
+              STATE_DTYPES[call.state_dtype], call.gate_in_kernel or call.beta_sigmoid, False)
     routes = arts.loaded.get(config)
     if routes is None:
         routes = _load_routes(arts, config)
@@ -123,17 +128,18 @@ def _load_routes(arts, config: tuple) -> Routes:
 
 
 def allocate(c: Call, route: Route) -> tuple[torch.Tensor, int, int]:
-    """The inputs as the kernels read them; o, and the final state (the pool itself with state_indices, a new fp32
-    tensor when asked for); one uint8 workspace tensor: returns (it, its WORKSPACE_ALIGN-aligned address, the bytes
-    the route needs). The caller keeps the workspace tensor until the launches are enqueued (torch's caching
-    allocator then reuses its memory only in the stream's order)."""
+    """The inputs as the kernels read them; o, and the final state (the pool itself with state_indices, else
+    output_state, else a new tensor in the call's state dtype, fp32, when asked for); one uint8 workspace tensor:
+    returns (it, its WORKSPACE_ALIGN-aligned address, the bytes the route needs). The caller keeps the workspace
+    tensor until the launches are enqueued (torch's caching allocator then reuses its memory only in the stream's
+    order)."""
     _kernel_inputs(c)
     device = c.q.device
     if c.state_indices is not None:
         if c.output_state is None:
             c.output_state = c.initial_state  # the pool is updated in place
     elif c.output_final_state and c.output_state is None:
-        c.output_state = torch.empty(c.state_shape, device=device, dtype=_FP32)
+        c.output_state = torch.empty(c.state_shape, device=device, dtype=c.state_dtype)
     if c.output is None:
         c.output = torch.empty_like(c.v)
     size = route.workspace_bytes(c.B, c.T, c.num_seqs, c.H, c.HV)
@@ -146,8 +152,8 @@ def allocate(c: Call, route: Route) -> tuple[torch.Tensor, int, int]:
 
 
 def _kernel_inputs(c: Call) -> None:
-    """Contiguous q, k, v; g, beta, A_log, dt_bias and the initial state fp32; cu_seqlens and state_indices int32.
-    Each is converted (one device copy) only where it is not already so."""
+    """Contiguous q, k, v; g, beta, A_log and dt_bias fp32; the initial state contiguous in the call's state dtype;
+    cu_seqlens and state_indices int32. Each is converted (one device copy) only where it is not already so."""
     if not c.q.is_contiguous():
         c.q = c.q.contiguous()
     if not c.k.is_contiguous():
@@ -167,8 +173,10 @@ def _kernel_inputs(c: Call) -> None:
         c.cu_seqlens = cu.to(_I32).contiguous()
     if c.state_indices is not None:
         c.state_indices = c.state_indices.to(_I32).contiguous()
-    elif h0 is not None and (h0.dtype is not _FP32 or not h0.is_contiguous()):  # a pool is fp32 (checked)
-        c.initial_state = h0.to(_FP32).contiguous()
+    elif h0 is not None and (h0.dtype is not c.state_dtype or not h0.is_contiguous()):  # a pool is read in place
+        # one copy either way: .to(dtype, memory_format=...) hands back a tensor already in the dtype as it is
+        c.initial_state = (h0.contiguous() if h0.dtype is c.state_dtype
+                           else h0.to(c.state_dtype, memory_format=_CONTIGUOUS))
 
 
 def launch(c: Call, routes: Routes, route: Route, workspace: int, size: int) -> None:

@@ -14,7 +14,7 @@ import threading
 
 from . import dispatch
 from .artifacts import ENV_VAR, Manifest, arch_for_capability, locate_root
-from .errors import VariantNotBuilt
+from .errors import STATE_DTYPES_SPEC, VariantNotBuilt, build_command
 from .kernel import Kernel
 from .routes import Routes
 
@@ -29,7 +29,7 @@ class ArtifactSet:
         self._kernels: dict[str, Kernel] = {}
         self._picked: dict[tuple, Kernel] = {}
         self._routes: dict[tuple, Routes] = {}
-        # (dtype, K, V, varlen, transpose) -> its Routes once loaded: the API's per-call lookup
+        # a configuration (dispatch.CONFIG_AXES values) -> its Routes once loaded: the API's per-call lookup
         self.loaded: dict[tuple, Routes] = {}
         self._lock = threading.Lock()
 
@@ -72,8 +72,7 @@ class ArtifactSet:
         if r is None:
             rows = dispatch.config_rows(self.table, key)
             if not rows:
-                desc = ", ".join(f"{a}={x}" for a, x in zip(dispatch.CONFIG_AXES, key))
-                raise self._not_built(f"a forward with {desc} (no dispatch row)", "gdn_")
+                raise self._no_route(key)
             if sm_count is None:
                 import torch
 
@@ -105,6 +104,20 @@ class ArtifactSet:
             raise self._not_built(f"{kernel} with {desc}", kernel + ".")
         k = self._picked[cache_key] = self.kernel(chosen)
         return k
+
+    def _no_route(self, config: tuple) -> VariantNotBuilt:
+        """The error for a configuration no dispatch row serves; when no row at all stores the state in its state
+        dtype, it names the spec that builds every state dtype."""
+        desc = ", ".join(f"{a}={x}" for a, x in zip(dispatch.CONFIG_AXES, config))
+        state_dtype = config[dispatch.CONFIG_AXES.index("state_dtype")]
+        built = sorted({r["state_dtype"] for r in self.table})
+        if state_dtype in built:
+            return self._not_built(f"a forward with {desc} (no dispatch row)", "gdn_")
+        return VariantNotBuilt(
+            f"a forward with {desc} is not built for {self.arch} in {self.manifest.dir}: no variant there stores "
+            f"the state in {state_dtype} (built state dtypes: {built}). {STATE_DTYPES_SPEC} builds all five: run "
+            f"{build_command(self.arch, STATE_DTYPES_SPEC, 'artifacts-state')} and point ${ENV_VAR} (or the API's "
+            f"artifacts=) at that directory.")
 
     def _not_built(self, what: str, prefix: str) -> VariantNotBuilt:
         m = self.manifest

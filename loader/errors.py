@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 DEFAULT_SPEC = "specs/qwen35.yaml"
+STATE_DTYPES_SPEC = "specs/state-dtypes.yaml"  # builds every state storage dtype (fp16 and fp8 only there)
 
 
 def build_command(arch: str | None = None, spec: str | None = None, out: str | None = None) -> str:

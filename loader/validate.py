@@ -13,7 +13,11 @@ import torch
 
 _Tensor = torch.Tensor
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}  # input dtype -> the variants' dtype axis
-FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what g, beta and an initial state may be
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what g, beta, A_log and dt_bias may be
+# how a state may be stored (an initial state, a pool, output_state) -> the variants' state_dtype axis
+STATE_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",
+                torch.float8_e4m3fn: "fp8e4m3", torch.float8_e5m2: "fp8e5m2"}
+_STATE_DTYPE_NAMES = ", ".join(map(str, STATE_DTYPES))
 INDEX_DTYPES = (torch.int32, torch.int64)
 _FP32 = torch.float32
 _grad_enabled = torch._C.is_grad_enabled  # torch.is_grad_enabled, without its Python layer
@@ -24,8 +28,8 @@ class Call:
 
     __slots__ = ("q", "k", "v", "g", "beta", "cu_seqlens", "initial_state", "state_indices", "output",
                  "output_state", "output_final_state", "dtype", "B", "T", "H", "HV", "K", "V", "num_seqs", "scale",
-                 "l2norm", "transpose", "state_shape", "index", "A_log", "dt_bias", "gate_in_kernel", "beta_sigmoid",
-                 "neg_eigval")
+                 "l2norm", "transpose", "state_shape", "state_dtype", "index", "A_log", "dt_bias", "gate_in_kernel",
+                 "beta_sigmoid", "neg_eigval")
 
 
 def check_call(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens,
@@ -139,18 +143,25 @@ def check_bounds(host: list[int], T: int) -> None:
 
 def _check_states(c: Call, validate: bool) -> None:
     """initial_state, output_state and state_indices; sets c.state_shape: [N, HV, K, V] or [N, HV, V, K], N None
-    for a state pool (any number of slots)."""
+    for a state pool (any number of slots), and c.state_dtype, the torch dtype the kernels read and write states
+    in: the pool's (read and written in place), else output_state's, else fp32 (a new final state is fp32, as
+    fla's is)."""
     pool = c.state_indices is not None
+    h0, ht = c.initial_state, c.output_state
     c.state_shape = (None if pool else c.num_seqs, *((c.HV, c.V, c.K) if c.transpose else (c.HV, c.K, c.V)))
     if pool:
-        if c.initial_state is None:
+        if h0 is None:
             raise ValueError("state_indices needs initial_state: the state pool [slots, HV, ...] it indexes")
-        slots = c.initial_state.shape[0] if isinstance(c.initial_state, _Tensor) and c.initial_state.dim() else 0
+        slots = h0.shape[0] if isinstance(h0, _Tensor) and h0.dim() else 0
         _check_indices(c.state_indices, c.num_seqs, slots, validate)
-    if c.initial_state is not None:  # read once (converted to contiguous fp32 where it is not), or a pool
-        _check_state("initial_state", c.initial_state, c.state_shape, c.transpose, written=pool)
-    if c.output_state is not None:
-        _check_state("output_state", c.output_state, c.state_shape, c.transpose, written=True)
+    if h0 is not None:  # read once (converted to the state dtype, contiguous, where it is not), or a pool
+        _check_state("initial_state", h0, c.state_shape, c.transpose, written=pool)
+    if ht is not None:
+        _check_state("output_state", ht, c.state_shape, c.transpose, written=True)
+        if pool and ht.dtype != h0.dtype:
+            raise TypeError(f"output_state must have the state pool's dtype {h0.dtype} (the kernels read and write "
+                            f"states in one dtype), got {ht.dtype}")
+    c.state_dtype = h0.dtype if pool else _FP32 if ht is None else ht.dtype
 
 
 def _check_indices(idx, num_seqs, slots, validate):
@@ -172,15 +183,13 @@ def _check_indices(idx, num_seqs, slots, validate):
 
 
 def _check_state(name, x, shape, transpose, written: bool):
-    """A state tensor of `shape` (N None: any number of slots). One the kernels write (output_state, a pool) must
-    be contiguous fp32; an initial state they only read may be any float dtype and layout (the API converts it)."""
+    """A state tensor of `shape` (N None: any number of slots) in a state dtype (STATE_DTYPES). One the kernels
+    write (output_state, a pool) must be contiguous; an initial state they only read may be in any layout (the API
+    converts it)."""
     if not isinstance(x, _Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if x.dtype != _FP32:
-        if written:
-            raise TypeError(f"{name} must be float32 (the kernels write it in place), got {x.dtype}")
-        if x.dtype not in FLOAT_DTYPES:
-            raise TypeError(f"{name} must be float32, bfloat16 or float16, got {x.dtype}")
+    if x.dtype not in STATE_DTYPES:
+        raise TypeError(f"{name} must be stored in one of the state dtypes {_STATE_DTYPE_NAMES}, got {x.dtype}")
     got = x.shape
     if got != shape if shape[0] is not None else len(got) != 4 or got[1:] != shape[1:]:
         layout = "[N, HV, V, K] (transpose_state=True)" if transpose else "[N, HV, K, V]"

@@ -1,15 +1,23 @@
 """Bad input to chunk_gated_delta_rule raises a clear TypeError/ValueError naming the argument; inputs the kernels
-cannot read as given (non-contiguous, a 16-bit initial state) are converted once; grad mode is refused.
+cannot read as given (non-contiguous, an initial state in another dtype than the call's state dtype) are converted
+once; the call's state dtype (the pool's, output_state's, else fp32) reaches the dispatch configuration and the
+launch; grad mode is refused.
 
 Structure is checked before devices, so every error here is reproducible on a CPU-only machine (CI); the
 device-dependent checks (tensors on two devices, cu_seqlens values on the GPU) run in test_gpu_forward.py. The
 conversions are checked on the CPU by running the call's steps up to the launch (loader/api.py).
 """
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from gdn_aot.loader import api, validate
 from gdn_aot.loader.api import chunk_gated_delta_rule
+from gdn_aot.loader.dispatch import CONFIG_AXES
+
+_select = api.select  # the API's select step, before a test stubs it
+FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 def inputs(B=1, T=8, H=2, HV=4, K=128, V=128, dtype=torch.bfloat16):
@@ -48,11 +56,15 @@ CASES = [
     (dict(cu_seqlens=torch.tensor([0, 5, 3, 8]), validate=True), ValueError, "cu_seqlens must be non-decreasing"),
     (dict(cu_seqlens=torch.tensor([0, 7]), validate=True), ValueError, "cu_seqlens must end at T = 8"),
     (dict(initial_state=torch.zeros(1, 4, 128, 128, dtype=torch.int32)), TypeError,
-     "initial_state must be float32, bfloat16 or float16"),
-    (dict(initial_state=torch.zeros(3, 4, 128, 128, dtype=torch.bfloat16), state_indices=torch.tensor([0])),
-     TypeError, "initial_state must be float32 \\(the kernels write it in place\\)"),
-    (dict(output_state=torch.zeros(1, 4, 128, 128, dtype=torch.bfloat16)), TypeError,
-     "output_state must be float32 \\(the kernels write it in place\\)"),
+     "initial_state must be stored in one of the state dtypes torch.float32, torch.bfloat16, torch.float16, "
+     "torch.float8_e4m3fn, torch.float8_e5m2, got torch.int32"),
+    (dict(initial_state=torch.zeros(3, 4, 128, 128, dtype=torch.float64), state_indices=torch.tensor([0])),
+     TypeError, "initial_state must be stored in one of the state dtypes .*, got torch.float64"),
+    (dict(output_state=torch.zeros(1, 4, 128, 128, dtype=torch.float64)), TypeError,
+     "output_state must be stored in one of the state dtypes .*, got torch.float64"),
+    (dict(initial_state=torch.zeros(3, 4, 128, 128, dtype=torch.bfloat16), state_indices=torch.tensor([0]),
+          output_state=torch.zeros(3, 4, 128, 128)), TypeError,
+     "output_state must have the state pool's dtype torch.bfloat16 .*, got torch.float32"),
     (dict(initial_state=torch.zeros(3, 4, 128, 128).transpose(2, 3), state_indices=torch.tensor([0])),
      ValueError, "initial_state must be contiguous \\(the kernels write it in place\\)"),
     (dict(initial_state=torch.zeros(2, 4, 128, 128)), ValueError, "initial_state must be \\[N, HV, K, V\\]"),
@@ -155,10 +167,10 @@ def test_non_contiguous_inputs_are_copied_once(monkeypatch):
         assert not x.is_contiguous()
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_initial_state_of_any_float_dtype(monkeypatch, dtype):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, *FP8])
+def test_initial_state_of_any_state_dtype(monkeypatch, dtype):
     """fla reads the initial state in any float dtype and returns a new final state in fp32; so does gdn_aot
-    (one conversion to contiguous fp32, none when it already is)."""
+    (one conversion to contiguous fp32, none when it already is), fp8 initial states included."""
     h0 = torch.randn(1, 4, 128, 128).to(dtype)
     c = checked_call(monkeypatch, initial_state=h0, output_final_state=True)
     allocate(c)
@@ -177,6 +189,83 @@ def test_state_pool_is_used_in_place(monkeypatch):
     c = checked_call(monkeypatch, initial_state=pool, state_indices=torch.tensor([2]))
     allocate(c)
     assert c.initial_state is pool and c.output_state is pool and c.state_indices.dtype == torch.int32
+
+
+def _state(dtype, slots=1, strided=False):
+    """A [slots, HV=4, 128, 128] state of the test's call in `dtype` (strided: a transposed view)."""
+    x = torch.randn(slots, 4, 128, 128)
+    return (x.transpose(2, 3) if strided else x).to(dtype)
+
+
+# (case, the call's state arguments, its state dtype, whether the kernels read initial_state as given)
+STATE_CASES = [
+    ("no state", lambda: {}, "fp32", None),
+    ("fp32 h0, new final state", lambda: dict(initial_state=_state(torch.float32), output_final_state=True),
+     "fp32", True),
+    ("bf16 h0, new fp32 final state", lambda: dict(initial_state=_state(torch.bfloat16), output_final_state=True),
+     "fp32", False),
+    ("fp8 e4m3 h0, no final state", lambda: dict(initial_state=_state(torch.float8_e4m3fn)), "fp32", False),
+    ("bf16 pool", lambda: dict(initial_state=_state(torch.bfloat16, 3), state_indices=torch.tensor([2])),
+     "bf16", True),
+    ("fp8 e5m2 pool and output_state", lambda: dict(initial_state=_state(torch.float8_e5m2, 3),
+                                                    state_indices=torch.tensor([-1]),
+                                                    output_state=_state(torch.float8_e5m2, 3)), "fp8e5m2", True),
+    ("fp32 h0, fp16 output_state", lambda: dict(initial_state=_state(torch.float32),
+                                                output_state=_state(torch.float16)), "fp16", False),
+    ("fp16 h0 and output_state", lambda: dict(initial_state=_state(torch.float16),
+                                              output_state=_state(torch.float16)), "fp16", True),
+    ("strided bf16 h0, bf16 output_state", lambda: dict(initial_state=_state(torch.bfloat16, strided=True),
+                                                        output_state=_state(torch.bfloat16)), "bf16", False),
+    ("fp8 e4m3 output_state alone", lambda: dict(output_state=_state(torch.float8_e4m3fn)), "fp8e4m3", None),
+]
+
+
+def selected_config(monkeypatch, c) -> dict:
+    """The configuration the API's select step looks the call's routes up by (dispatch.CONFIG_AXES)."""
+    configs = []
+
+    class Loaded:
+        def get(self, config):
+            configs.append(config)
+            return SimpleNamespace(select=lambda programs: None)
+
+    monkeypatch.setattr(api.Artifacts, "for_device", staticmethod(lambda index, root=None: SimpleNamespace(
+        loaded=Loaded())))
+    _select(c, None)
+    (config,) = configs
+    return dict(zip(CONFIG_AXES, config))
+
+
+@pytest.mark.parametrize("make,expected,as_given", [c[1:] for c in STATE_CASES], ids=[c[0] for c in STATE_CASES])
+def test_the_state_dtype_of_a_call(monkeypatch, make, expected, as_given):
+    """The pool's dtype, else output_state's, else fp32: in the configuration select() asks the artifacts for, and
+    what the launcher gets (an initial state in another dtype or strided converted once, contiguous, to it)."""
+    args = make()
+    c = checked_call(monkeypatch, **args)
+    allocate(c)
+    assert validate.STATE_DTYPES[c.state_dtype] == expected
+    assert selected_config(monkeypatch, c)["state_dtype"] == expected
+    h0 = args.get("initial_state")
+    if h0 is not None:
+        assert (c.initial_state is h0) == as_given
+        assert c.initial_state.dtype == c.state_dtype and c.initial_state.is_contiguous()
+        assert torch.equal(c.initial_state.float(), h0.to(c.state_dtype).float())
+    written = args.get("output_state", h0 if "state_indices" in args else None)  # the caller's, or the pool
+    if written is not None:
+        assert c.output_state is written
+    if c.output_state is not None:
+        assert c.output_state.dtype == c.state_dtype
+    got = launched_args(monkeypatch, c)
+    assert got["h0"] == (0 if h0 is None else c.initial_state.data_ptr())
+    assert got["ht"] == (0 if c.output_state is None else c.output_state.data_ptr())
+
+
+def test_the_configuration_of_a_plain_call(monkeypatch):
+    """What select() asks the artifacts for, axis by axis (the state dtype fp32 without states)."""
+    cu = torch.tensor([0, 8])
+    c = checked_call(monkeypatch, cu_seqlens=cu, transpose_state=True)
+    assert selected_config(monkeypatch, c) == dict(dtype="bf16", K=128, V=128, varlen=True, transpose=True,
+                                                   state_dtype="fp32", gating=False, checkpoints=False)
 
 
 def test_grad_mode_is_refused_with_a_way_out():

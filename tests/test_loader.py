@@ -100,6 +100,22 @@ def test_routes_of_an_unbuilt_configuration(tiny_build):
     assert s.head_dims == {(128, 128)}
 
 
+def test_a_state_dtype_not_built_names_the_spec_that_builds_it(tiny_build):
+    """specs/tiny.yaml stores states in fp32 and, for the [V, K] layout, bf16: an fp8 state names
+    specs/state-dtypes.yaml and how to point the loader at its build; a bf16 [K, V] state gets the usual message."""
+    s = Artifacts.for_device(0, capability=(9, 0), root=tiny_build.out)
+    with pytest.raises(VariantNotBuilt) as ei:
+        s.routes("bf16", 128, 128, True, True, "fp8e4m3", sm_count=132)
+    msg = str(ei.value)
+    assert "state_dtype=fp8e4m3" in msg and "stores the state in fp8e4m3" in msg and "['bf16', 'fp32']" in msg
+    assert "gdn-aot build specs/state-dtypes.yaml --arch sm_90" in msg and "$GDN_AOT_ARTIFACTS" in msg
+    with pytest.raises(VariantNotBuilt, match="state_dtype=bf16.*no dispatch row"):
+        s.routes("bf16", 128, 128, True, False, "bf16", sm_count=132)
+    routes = s.routes("bf16", 128, 128, True, True, "bf16", sm_count=132)
+    assert [r.row["class"] for r in routes.routes] == ["default"]
+    assert ".vk.state-bf16.w4s1" in routes.select(1).kernels["gdn_scan"].key
+
+
 def test_variant_not_built_says_what_exists_and_how_to_build(tiny_build):
     s = Artifacts.for_device(0, capability=(9, 0), root=tiny_build.out)
     with pytest.raises(VariantNotBuilt) as ei:

@@ -137,9 +137,10 @@ def test_invalid_yaml(tmp_path):
 
 def test_shipped_specs_enumerate():
     q = load_spec(REPO / "specs" / "qwen35.yaml")
-    # prepare: dtype x varlen x gating; scan: dtype x varlen x transpose x (BV, warps): sm_90a BV 32/w4, 64/w4, 128/w8,
-    # 32/w16, 64/w16 (warp-specialised, varlen only); sm_100a BV 64/w4, 128/w4
-    per_arch = {"sm_90a": {"gdn_prepare": 8, "gdn_scan": 32}, "sm_100a": {"gdn_prepare": 8, "gdn_scan": 16}}
+    # prepare: dtype x varlen x gating; scan: (dtype, state dtype) x varlen x transpose x (BV, warps), the (dtype,
+    # state dtype) pairs (bf16, fp32), (fp16, fp32), (bf16, bf16), the (BV, warps) sm_90a BV 32/w4, 64/w4,
+    # 128/w8, 32/w16, 64/w16 (warp-specialised, varlen only) and sm_100a BV 64/w4, 128/w4
+    per_arch = {"sm_90a": {"gdn_prepare": 8, "gdn_scan": 48}, "sm_100a": {"gdn_prepare": 8, "gdn_scan": 24}}
     for arch, counts in per_arch.items():
         vs = q.for_arch(arch)
         assert {v.kernel for v in vs} == set(counts)  # no gdn_l2norm: fused into both
@@ -148,24 +149,25 @@ def test_shipped_specs_enumerate():
     assert {(v.BV, v.num_warps) for v in q.for_arch("sm_90a") if v.kernel == "gdn_scan"} == {
         (32, 4), (64, 4), (128, 8), (32, 16), (64, 16)}
     assert {v.BV for v in q.for_arch("sm_100a") if v.kernel == "gdn_scan"} == {64, 128}
-    assert len(q.variants) == 64 and len({v.key for v in q.variants}) == 64
+    assert len(q.variants) == 88 and len({v.key for v in q.variants}) == 88
     ws = [v for v in q.for_arch("sm_90a") if v.num_warps == q.dispatch["sm_90a"]["gdn_scan"]["single_wave_warps"]]
     assert {(v.kernel, v.BV, v.varlen) for v in ws} == {("gdn_scan", 32, True), ("gdn_scan", 64, True)}
-    assert len(ws) == 8
+    assert len(ws) == 12  # (bf16, fp32), (fp16, fp32), (bf16, bf16) x BV 32, 64 x both layouts
     t = load_spec("tiny")  # a shipped spec by name
-    assert len(t.variants) == 12
+    assert len(t.variants) == 14
     assert {v.kernel for v in t.variants} == {"gdn_prepare", "gdn_scan", "gdn_fused"}
-    assert sorted(v.transpose for v in t.for_arch("sm_90a") if v.kernel == "gdn_scan") == [False, False, True, True]
+    assert sorted((v.transpose, v.state_dtype) for v in t.for_arch("sm_90a") if v.kernel == "gdn_scan") == [
+        (False, "fp32"), (False, "fp32"), (True, "bf16"), (True, "fp32"), (True, "fp32")]
     assert sorted(v.transpose for v in t.for_arch("sm_100a") if v.kernel == "gdn_fused") == [False, True]
     f = load_spec(REPO / "specs" / "fused-preview.yaml")  # every configuration, the one-kernel route only
-    assert len(f.variants) == 32 and {v.kernel for v in f.variants} == {"gdn_fused"}  # with and without gating
+    assert len(f.variants) == 48 and {v.kernel for v in f.variants} == {"gdn_fused"}  # with and without gating
     assert all(v.num_warps == 16 and v.BT == 64 for v in f.variants)
     assert {v.dtype for v in t.variants} == {"bf16"}
     prep = [v for v in q.variants if v.kernel == "gdn_prepare"]  # BV and transpose unused: their defaults
     assert all(v.BT == 64 and v.BK == 128 and v.BV == 128 and not v.transpose and v.num_warps == 4 for v in prep)
     assert {(v.dtype, v.varlen, v.gating) for v in prep} == set(itertools.product(("bf16", "fp16"), (True, False),
                                                                                    (True, False)))
-    assert {v.state_dtype for v in q.variants} == {"fp32"} and not any(v.checkpoints for v in q.variants)
+    assert {v.state_dtype for v in prep} == {"fp32"} and not any(v.checkpoints for v in q.variants)
     assert q.dispatch["sm_90a"]["gdn_scan"]["small_batch_factor"] == 0.5  # a fraction of the SMs is allowed
     for arch in ("sm_90a", "sm_100a"):
         d = q.dispatch[arch]["gdn_scan"]
@@ -206,3 +208,29 @@ def test_fused_routing(tmp_path):
     assert {(v.arch, v.num_warps, v.BV) for v in fused} == {("sm_90a", 16, 128), ("sm_100a", 4, 128)}
     assert KERNELS["gdn_fused"].compile_options(fused[0]) == {"num_warps": 8, "num_stages": 1, "maxnreg": 128}
     assert KERNELS["gdn_fused"].constexprs(fused[0])["num_warps"] == 8
+
+
+def test_state_dtype_specs_enumerate():
+    """qwen35.yaml and fused-preview.yaml store the state in fp32 or (with bf16 inputs) bf16; state-dtypes.yaml
+    builds every state dtype for varlen bf16 batches, in both layouts, with qwen35.yaml's scan tiers."""
+    q = load_spec(REPO / "specs" / "qwen35.yaml")
+    scans = [v for v in q.variants if v.kernel == "gdn_scan"]
+    assert {(v.dtype, v.state_dtype) for v in scans} == {("bf16", "fp32"), ("fp16", "fp32"), ("bf16", "bf16")}
+    for arch in ("sm_90a", "sm_100a"):  # a bf16-state scan for every bf16 fp32-state one
+        tiers = lambda state: sorted((v.BV, v.num_warps, v.varlen, v.transpose) for v in scans  # noqa: E731
+                                     if v.arch == arch and v.dtype == "bf16" and v.state_dtype == state)
+        assert tiers("bf16") == tiers("fp32")
+    f = load_spec(REPO / "specs" / "fused-preview.yaml")
+    assert {(v.dtype, v.state_dtype) for v in f.variants} == {("bf16", "fp32"), ("fp16", "fp32"), ("bf16", "bf16")}
+    assert len(f.variants) == 48
+    s = load_spec(REPO / "specs" / "state-dtypes.yaml")
+    assert s.dispatch == q.dispatch
+    per_arch = {"sm_90a": 5, "sm_100a": 2}  # (BV, warps) tiers, as in qwen35.yaml
+    for arch, tiers in per_arch.items():
+        vs = s.for_arch(arch)
+        assert sum(v.kernel == "gdn_prepare" for v in vs) == 1
+        scans = [v for v in vs if v.kernel == "gdn_scan"]
+        assert len(scans) == tiers * 2 * 5 and all(v.varlen and v.dtype == "bf16" for v in scans)
+        assert {v.state_dtype for v in scans} == {"fp32", "bf16", "fp16", "fp8e4m3", "fp8e5m2"}
+        assert {(v.BV, v.num_warps) for v in scans} == {(v.BV, v.num_warps) for v in q.for_arch(arch)
+                                                         if v.kernel == "gdn_scan"}
