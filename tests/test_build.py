@@ -35,8 +35,9 @@ def test_no_unexpected_failures(tiny_build):
 @pytest.mark.parametrize("kernel, arch", KERNEL_ARCH)
 def test_every_written_kernel_built(tiny_build, kernel, arch):
     entries = tiny_build.require(arch, kernel)
-    # tiny.yaml: both state layouts of gdn_scan, on sm_90a each also warp-specialised
-    expected = {"gdn_scan": 4 if arch == "sm_90a" else 2}.get(kernel, 1)
+    # tiny.yaml: both state layouts of gdn_scan, on sm_90a each also warp-specialised, and with checkpoints (on
+    # sm_90a the warp-specialised ones and one 4-warp scan)
+    expected = {"gdn_scan": 4 + 3 if arch == "sm_90a" else 2 + 2}.get(kernel, 1)
     assert len(entries) == expected
 
 
@@ -50,13 +51,14 @@ def test_manifest_contents(tiny_build, arch):
     assert len(m["spec"]["sha256"]) == 64 and m["spec"]["path"].endswith("tiny.yaml")
     spec = load_spec(REPO / "specs" / "tiny.yaml")
     assert m["dispatch"]["spec"] == spec.dispatch.get(arch, {})
-    # the table: per state layout, the warp-specialised scan for single-wave batches on sm_90a, then the default
-    # (classes the spec gives gdn_fused, once it is built, route there)
+    # the table: per state layout, without and with checkpoints, the warp-specialised scan for single-wave batches
+    # on sm_90a, then the default (classes the spec gives gdn_fused, once it is built, route there)
     classes = ["single_wave", "default"] if arch == "sm_90a" else ["default"]
     fused = {c for c in spec.dispatch.get(arch, {}).get("gdn_fused", {}).get("classes", [])
              if any(e["kernel"] == "gdn_fused" for e in m["variants"].values())}
-    assert [(r["transpose"], r["class"], r["route"]) for r in m["dispatch"]["table"]] == [
-        (tr, c, "fused" if c in fused else "prepare_scan") for tr in (False, True) for c in classes]
+    assert [(r["transpose"], r["checkpoints"], r["class"], r["route"]) for r in m["dispatch"]["table"]] == [
+        (tr, ck, c, "fused" if c in fused else "prepare_scan") for tr in (False, True) for ck in (False, True)
+        for c in classes]
     for r in m["dispatch"]["table"]:
         assert set(r["kernels"]) == ({"gdn_fused"} if r["route"] == "fused" else {"gdn_prepare", "gdn_scan"})
         assert set(r["kernels"].values()) <= set(m["variants"])
