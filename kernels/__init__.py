@@ -11,6 +11,9 @@ A forward is one of two routes (docs/algorithm.md has the math, docs/design.md t
                (sm_90a also has a warp-specialised variant, SCAN_WS_WARPS warps, for batches of one wave)
 or
   gdn_fused    one program per (sequence, value head): the whole forward in one warp-specialised kernel
+gdn_scan and gdn_fused also write the prefix-cache state checkpoints (the state after every N tokens of each
+sequence) in their `checkpoints` variants (the CHECKPOINTS constexpr; common.Checkpoints); the others have none of
+that code.
 The parameters of each family, and the bits of its `flags`, are the launcher ABI's (loader/abi.py); the flag
 bits are re-exported here for the kernels (common.py, fused_*.py read them as constexprs).
 """
@@ -60,13 +63,14 @@ GDN_SCAN = KernelDef(
     params=abi.FAMILIES["gdn_scan"].kernel_params,
     constexprs=lambda v: {
         "K": v.K, "V": v.V, "BT": v.BT, "BV": v.BV, "IS_VARLEN": v.varlen, "TRANSPOSE_STATE": v.transpose,
-        "WARP_SPECIALIZE": _scan_warp_specialized(v), "num_warps": 4 if _scan_warp_specialized(v) else v.num_warps,
+        "WARP_SPECIALIZE": _scan_warp_specialized(v), "CHECKPOINTS": v.checkpoints,
+        "num_warps": 4 if _scan_warp_specialized(v) else v.num_warps,
     },
     options=lambda v: (_warp_specialized_options(v, 4) if _scan_warp_specialized(v)
                        else {"num_warps": v.num_warps, "num_stages": v.num_stages}),
     sources={"sm90": ".scan_sm90:scan_kernel", "sm100": ".scan_sm100:scan_kernel"},
     grid=abi.FAMILIES["gdn_scan"].grid_doc,
-    uses_axes=frozenset({"dtype", "K", "V", "BT", "BV", "varlen", "transpose", "state_dtype"}),
+    uses_axes=frozenset({"dtype", "K", "V", "BT", "BV", "varlen", "transpose", "state_dtype", "checkpoints"}),
     doc="per (sequence, value head, V tile): v_new = u - w h; o = scale (e^gam q h + (q k^T . M) v_new); "
     "h = e^gam_last h + k^T (e^(gam_last - gam) v_new)",
 )
@@ -75,12 +79,12 @@ GDN_FUSED = KernelDef(
     name="gdn_fused",
     params=abi.FAMILIES["gdn_fused"].kernel_params,
     constexprs=lambda v: {"K": v.K, "V": v.V, "BT": v.BT, "IS_VARLEN": v.varlen, "TRANSPOSE_STATE": v.transpose,
-                          "GATING": v.gating, "num_warps": _fused_default_warps(v)},
+                          "GATING": v.gating, "CHECKPOINTS": v.checkpoints, "num_warps": _fused_default_warps(v)},
     options=lambda v: (_warp_specialized_options(v, FUSED_WS_DEFAULT) if v.num_warps == FUSED_WS_WARPS
                        else {"num_warps": v.num_warps, "num_stages": v.num_stages}),
     sources={"sm90": ".fused_sm90:fused_kernel", "sm100": ".fused_sm100:fused_kernel"},
     grid=abi.FAMILIES["gdn_fused"].grid_doc,
-    uses_axes=frozenset({"dtype", "K", "V", "BT", "varlen", "transpose", "state_dtype", "gating"}),
+    uses_axes=frozenset({"dtype", "K", "V", "BT", "varlen", "transpose", "state_dtype", "gating", "checkpoints"}),
     doc="per (sequence, value head): the whole forward, prepare and scan of every chunk in one program",
 )
 

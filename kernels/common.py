@@ -398,6 +398,78 @@ def row_tile_desc(base, row_stride, seq_len, BT: gl.constexpr, COLS: gl.constexp
     return tma.make_tensor_descriptor(base, [gl.maximum(seq_len, 1), COLS], [row_stride, 1], [BT, COLS], layout)
 
 
+@gluon.jit
+def store_state_tile_direct(ht, h, slot, i_hv, i_v, HV, mask, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr,
+                            TRANSPOSE_STATE: gl.constexpr):
+    """store_state_tile from the layout h is held in, for a store inside a chunk loop: no round trip through
+    shared memory (which the loops have none of to spare) and no CTA barrier. A wgmma accumulator's element pairs
+    still fill whole 32-byte sectors in either state layout, and a TMEM register tile (a row a thread) whole rows.
+    gl.store converts h to the buffer's element type, as store_state_tile does."""
+    layout: gl.constexpr = h.type.layout
+    gl.store(ht + state_tile_offsets(slot, i_hv, i_v, HV, K, V, BV, TRANSPOSE_STATE, layout), h, mask=mask)
+
+
+@aggregate
+class Checkpoints:
+    """Where a program writes its sequence's state checkpoints (a serving engine's prefix cache reads them): the
+    state after every checkpoint_every_n_tokens = N tokens (a multiple of BT; 0: none) of the sequence, checkpoint j
+    (the state after (j + 1) N tokens) into row checkpoint_cu_starts[sequence] + j of the buffer, in the state's
+    layout and dtype; a row outside the buffer's `rows` is not written (as every bound derived from cu_seqlens is
+    clamped: malformed starts give wrong rows, never an illegal access). The sequence's last, partial chunk ends on
+    none; a state pool's slots play no part. Only a CHECKPOINTS variant (the spec's `checkpoints` axis) reads these
+    parameters or has any of this code.
+    It holds the kernel's parameters only, so that nothing of it lives in registers across the chunk loops (they
+    run at their register limit): the program ids and the sequence's first row are read where a checkpoint is
+    written."""
+    buffer: gl.tensor
+    rows: gl.tensor
+    cu_starts: gl.tensor
+    every_n: gl.tensor
+    HV: gl.tensor
+    BT: gl.constexpr
+    V: gl.constexpr
+    TRANSPOSE_STATE: gl.constexpr
+    CHECKPOINTS: gl.constexpr
+
+    @gluon.constexpr_function
+    def __init__(self, buffer, rows, cu_starts, every_n, HV, BT, V, TRANSPOSE_STATE, CHECKPOINTS):
+        self.buffer = buffer
+        self.rows = rows
+        self.cu_starts = cu_starts
+        self.every_n = every_n
+        self.HV = HV
+        self.BT = gl.constexpr(BT)
+        self.V = gl.constexpr(V)
+        self.TRANSPOSE_STATE = gl.constexpr(TRANSPOSE_STATE)
+        self.CHECKPOINTS = gl.constexpr(CHECKPOINTS)
+
+    @gluon.jit
+    def count_after(self, c, seq_len):
+        """n > 0 when chunk c of program_id(0)'s sequence ends on its n-th checkpoint, else 0."""
+        done = c + 1
+        period = gl.maximum(self.every_n // self.BT, 1)
+        n = done // period
+        return gl.where((self.every_n > 0) & (n * period == done) & (done * self.BT <= seq_len), n, 0)
+
+    @gluon.jit
+    def store(self, h, n, i_v):
+        """h, the [K, BV] tile i_v of the state of program_id(1)'s value head, as the n-th checkpoint of
+        program_id(0)'s sequence (nothing where n = 0), from the layout it is held in: predicated stores."""
+        row = gl.load(self.cu_starts + gl.program_id(0), mask=n > 0, other=0) + (n - 1)
+        store_state_tile_direct(self.buffer, h, row, gl.program_id(1), i_v, self.HV,
+                                (n > 0) & (row >= 0) & (row < self.rows), h.shape[0], self.V, h.shape[1],
+                                self.TRANSPOSE_STATE)
+
+    @gluon.jit
+    def store_after(self, h, c, seq_len, i_v):
+        """h: the [K, BV] tile i_v of the state after chunk c, written when c ends on a checkpoint, behind a branch
+        (nothing in a variant without checkpoints)."""
+        if self.CHECKPOINTS:
+            n = self.count_after(c, seq_len)
+            if n > 0:
+                self.store(h, n, i_v)
+
+
 # --- used by the sm_100a family only ------------------------------------------------------------------------
 
 

@@ -55,7 +55,7 @@ from triton.experimental.gluon.language.nvidia.blackwell import (TensorMemoryLay
 from triton.language.core import _aggregate as aggregate
 
 from . import FUSED_HAS_H0 as _HAS_H0, FUSED_STORE_HT as _STORE_HT
-from .common import (GateSource, load_state_tile, loop_variant, sequence_bounds, state_io_layout,
+from .common import (Checkpoints, GateSource, load_state_tile, loop_variant, sequence_bounds, state_io_layout,
                      store_state_tile)
 from .fused_sm90 import (GATE_IN_KERNEL, LOAD_REGS, LOAD_WARPS, NUM_SLOTS, O_SCALE,
                          STATE_SCALE, V_SCALE, _load_partition, chunk_decay, chunk_rings, head_tiles, publish_inverse,
@@ -177,8 +177,11 @@ def _aux_partition(inputs, gates, terms, scratch, q_desc, k_desc, v_desc, gate_s
 
 
 @gluon.jit
-def _state_partition(st, inputs, terms, o_desc, o_stage, seq_len):
-    """The recurrence and the outputs (see the module docstring); the state stays in st.s."""
+def _state_partition(st, inputs, terms, o_desc, o_stage, seq_len, checkpoints):
+    """The recurrence and the outputs (see the module docstring); the state stays in st.s. The checkpoint a chunk
+    ends on is written at the start of the next chunk, from the registers that copy S to s16 (written later, or
+    after the chunk's products are issued, ptxas spills in the 24-register load partition); the last chunk's with
+    the final state."""
     BT: gl.constexpr = o_desc.block_type.shape[0]
     V: gl.constexpr = st.s.shape[0]
     K: gl.constexpr = st.s.shape[1]
@@ -194,7 +197,9 @@ def _state_partition(st, inputs, terms, o_desc, o_stage, seq_len):
         q_s = inputs.q.index(slot)
         k_s = inputs.k.index(slot)
         # --- kh = S k^T (critical path) and S q^T (beside it), from S's 16-bit copy in TMEM
-        st.s16.store(st.s.load(reg_vk).to(dtype))
+        s = st.s.load(reg_vk)
+        st.s16.store(s.to(dtype))
+        checkpoints.store_after(gl.permute(s, [1, 0]), c - 1, seq_len, 0)  # S after chunk c - 1, as h
         _tmem_operands_ready()
         tcgen05_mma(st.s16, k_s.permute((1, 0)), st.kh, use_acc=False)
         tcgen05_mma(st.s16, q_s.permute((1, 0)), st.qh, use_acc=False)
@@ -250,8 +255,10 @@ def _state_partition(st, inputs, terms, o_desc, o_stage, seq_len):
 
 @gluon.jit
 def fused_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0, ht, state_indices, o, scale, T, H, HV, flags,
+                 state_checkpoints, checkpoint_rows, checkpoint_cu_starts, checkpoint_every_n_tokens,
                  K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, IS_VARLEN: gl.constexpr,
-                 TRANSPOSE_STATE: gl.constexpr, GATING: gl.constexpr, num_warps: gl.constexpr):
+                 TRANSPOSE_STATE: gl.constexpr, GATING: gl.constexpr, CHECKPOINTS: gl.constexpr,
+                 num_warps: gl.constexpr):
     gl.static_assert(num_warps == STATE_WARPS, "the default partition is the two state warpgroups")
     gl.static_assert(BT == 64, "one warpgroup owns a chunk's 64 rows in the aux partition (tcgen05 M = 64)")
     gl.static_assert(V == 128, "S's V rows are the 128 TMEM lanes (tcgen05 M = 128)")
@@ -294,13 +301,17 @@ def fused_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0, ht, state_ind
                          gl.allocate_shared_memory(gl.float32, [BT, BT], f32_tt),
                          gl.allocate_shared_memory(gl.float32, [BT, BT], f32_tt), aux_bar.index(0))
     o_stage = gl.allocate_shared_memory(dtype, [2, BT, V], o_desc.layout)
+    checkpoints = Checkpoints(state_checkpoints, checkpoint_rows, checkpoint_cu_starts, checkpoint_every_n_tokens, HV,
+                              BT, V, TRANSPOSE_STATE, CHECKPOINTS)
 
     worker_args = (inputs, gates, terms, scratch, q_desc, k_desc, v_desc, gate_source, seq_len, HV, scale, flags)
     gl.warp_specialize([
-        (_state_partition, (st, inputs, terms, o_desc, o_stage, seq_len)),
+        (_state_partition, (st, inputs, terms, o_desc, o_stage, seq_len, checkpoints)),
         (_aux_partition, worker_args),
         (_load_partition, worker_args),
     ], [4, LOAD_WARPS], [AUX_REGS, LOAD_REGS])
     # the last state update has completed (the state partition waited for it)
-    store_state_tile(ht, gl.permute(st.s.load(reg_vk), [1, 0]), slot, i_hv, 0, HV,
-                     ((flags & STORE_HT) != 0) & (slot >= 0), K, V, V, TRANSPOSE_STATE)
+    h_final = gl.permute(st.s.load(reg_vk), [1, 0])
+    store_state_tile(ht, h_final, slot, i_hv, 0, HV, ((flags & STORE_HT) != 0) & (slot >= 0), K, V, V,
+                     TRANSPOSE_STATE)
+    checkpoints.store_after(h_final, gl.cdiv(seq_len, BT) - 1, seq_len, 0)

@@ -47,8 +47,8 @@ from triton.language.core import _aggregate as aggregate
 
 from . import FUSED_HAS_H0 as _HAS_H0, FUSED_L2NORM as _L2NORM, FUSED_STORE_HT as _STORE_HT
 from . import FUSED_GATE_IN_KERNEL as _GATE_IN_KERNEL, FUSED_USE_INDICES as _USE_INDICES
-from .common import (GateSource, inverse_row_norms, load_state_tile, loop_variant, row_tile_desc, sequence_bounds,
-                     state_io_layout, store_state_tile, wgmma_layout)
+from .common import (Checkpoints, GateSource, inverse_row_norms, load_state_tile, loop_variant, row_tile_desc,
+                     sequence_bounds, state_io_layout, store_state_tile, wgmma_layout)
 
 L2NORM = gl.constexpr(_L2NORM)
 HAS_H0 = gl.constexpr(_HAS_H0)
@@ -442,8 +442,9 @@ def _aux_partition(inputs, gates, terms, inverse_tiles, q_desc, k_desc, v_desc, 
 
 
 @gluon.jit
-def _state_partition(state, inputs, terms, o_desc, o_stage, seq_len):
-    """The recurrence and the outputs (see the module docstring); returns the final state S = h^T."""
+def _state_partition(state, inputs, terms, o_desc, o_stage, seq_len, checkpoints):
+    """The recurrence and the outputs (see the module docstring); returns the final state S = h^T and writes the
+    checkpoints (S is in no other partition's reach)."""
     BT: gl.constexpr = o_desc.block_type.shape[0]
     V: gl.constexpr = state.shape[0]
     dtype: gl.constexpr = o_desc.block_type.element_ty
@@ -496,6 +497,8 @@ def _state_partition(state, inputs, terms, o_desc, o_stage, seq_len):
         fence_async_shared()
         gl.thread_barrier()
         tma.async_copy_shared_to_global(o_desc, [c * BT, 0], o_stage)
+        # last in the chunk, with o's registers free: S = h^T, written as the [K, V] tile h
+        checkpoints.store_after(gl.permute(state, [1, 0]), c, seq_len, 0)
     tma.store_wait(0)
     return (state, )
 
@@ -550,8 +553,10 @@ def chunk_rings(q_desc, k_desc, v_desc):
 
 @gluon.jit
 def fused_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0, ht, state_indices, o, scale, T, H, HV, flags,
+                 state_checkpoints, checkpoint_rows, checkpoint_cu_starts, checkpoint_every_n_tokens,
                  K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, IS_VARLEN: gl.constexpr,
-                 TRANSPOSE_STATE: gl.constexpr, GATING: gl.constexpr, num_warps: gl.constexpr):
+                 TRANSPOSE_STATE: gl.constexpr, GATING: gl.constexpr, CHECKPOINTS: gl.constexpr,
+                 num_warps: gl.constexpr):
     gl.static_assert(num_warps == STATE_WARPS, "the default partition is the two state warpgroups")
     gl.static_assert(BT == 64, "one warpgroup owns a chunk's 64 rows in the aux partition")
     dtype: gl.constexpr = q.dtype.element_ty
@@ -575,11 +580,13 @@ def fused_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0, ht, state_ind
     inverse_tiles = gl.allocate_shared_memory(gl.float16, [5, BT, BT],
                                               gl.NVMMASharedLayout.get_default_for([BT, BT], gl.float16))
     o_stage = gl.allocate_shared_memory(dtype, [BT, V], o_desc.layout)
+    checkpoints = Checkpoints(state_checkpoints, checkpoint_rows, checkpoint_cu_starts, checkpoint_every_n_tokens, HV,
+                              BT, V, TRANSPOSE_STATE, CHECKPOINTS)
 
     worker_args = (inputs, gates, terms, inverse_tiles, q_desc, k_desc, v_desc, gate_source, seq_len, HV, scale,
                    flags)
     state = gl.warp_specialize([
-        (_state_partition, (state, inputs, terms, o_desc, o_stage, seq_len)),
+        (_state_partition, (state, inputs, terms, o_desc, o_stage, seq_len, checkpoints)),
         (_aux_partition, worker_args),
         (_load_partition, worker_args),
     ], [4, LOAD_WARPS], [AUX_REGS, LOAD_REGS])[0]

@@ -43,8 +43,9 @@ from triton.experimental.gluon.language.nvidia.blackwell import (TensorMemoryLay
                                                                   fence_async_shared, get_tmem_reg_layout,
                                                                   mbarrier, tcgen05_commit, tcgen05_mma, tma)
 
-from .common import (SCAN_HAS_H0, SCAN_STORE_HT, SCAN_USE_INDICES, causal_decay_bitmask, chunk_row_scalings,
-                     chunk_rows, issue_chunk_loads, load_state_tile, row_tile_desc, sequence_bounds, store_tmem_state)
+from .common import (SCAN_HAS_H0, SCAN_STORE_HT, SCAN_USE_INDICES, Checkpoints, causal_decay_bitmask,
+                     chunk_row_scalings, chunk_rows, issue_chunk_loads, load_state_tile, row_tile_desc,
+                     sequence_bounds, store_tmem_state)
 
 ROW_SKIP = gl.constexpr(0x7FFFFFFF)  # async_scatter row offset that the TMA unit skips (out of range)
 
@@ -94,9 +95,24 @@ def _store_state(ht, h_tmem, stage, slot, i_hv, i_v, HV, K: gl.constexpr, V: gl.
 
 
 @gluon.jit
+def _store_checkpoint(checkpoints, h_tmem, c, seq_len, i_v, HS: gl.constexpr, reg_hs: gl.constexpr):
+    """The state after chunk c, from TMEM, when c ends on a checkpoint: in the [K, HS] column slices that the h
+    pass moves through registers, each stored from its tcgen05.ld layout (a K row a thread): no staging tile in
+    shared memory, which the loop has none of to spare at BV = 128, and no wait for a TMA store to free one."""
+    if checkpoints.CHECKPOINTS:
+        n = checkpoints.count_after(c, seq_len)
+        if n > 0:
+            SLICES: gl.constexpr = h_tmem.shape[1] // HS
+            for j in gl.static_range(SLICES):
+                checkpoints.store(h_tmem.slice(j * HS, HS).load(reg_hs), n, i_v * SLICES + j)
+
+
+@gluon.jit
 def scan_kernel(q, k, w, u, gam, qg, kg, cu_seqlens, h0, ht, state_indices, o, scale, T, H, HV, flags,
-                K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, IS_VARLEN: gl.constexpr,
-                TRANSPOSE_STATE: gl.constexpr, WARP_SPECIALIZE: gl.constexpr, num_warps: gl.constexpr):
+                state_checkpoints, checkpoint_rows, checkpoint_cu_starts, checkpoint_every_n_tokens, K: gl.constexpr,
+                V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, IS_VARLEN: gl.constexpr,
+                TRANSPOSE_STATE: gl.constexpr, WARP_SPECIALIZE: gl.constexpr, CHECKPOINTS: gl.constexpr,
+                num_warps: gl.constexpr):
     gl.static_assert(not WARP_SPECIALIZE, "the warp-specialised scan is sm_90a's (scan_sm90_ws.py)")
     gl.static_assert(BT == 64, "tcgen05 M = 64 for the chunk-row products")
     gl.static_assert(K == 128, "the state update k^T v_dec is one M = 128 tcgen05 MMA")
@@ -180,6 +196,8 @@ def scan_kernel(q, k, w, u, gam, qg, kg, cu_seqlens, h0, ht, state_indices, o, s
     qg_head = qg + row0 * HV + i_hv
     kg_head = kg + row0 * HV + i_hv
     qg_r, kg_r, kg_c, gam_last = chunk_rows(gam_head, qg_head, kg_head, 0, seq_len, HV, BT, rows_tv, cols_tt)
+    checkpoints = Checkpoints(state_checkpoints, checkpoint_rows, checkpoint_cu_starts, checkpoint_every_n_tokens, HV,
+                              BT, V, TRANSPOSE_STATE, CHECKPOINTS)
 
     if n_chunks > 0:
         issue_chunk_loads(q_desc, k_desc, w_desc, u_desc, 0, bars.index(0),
@@ -198,6 +216,9 @@ def scan_kernel(q, k, w, u, gam, qg, kg, cu_seqlens, h0, ht, state_indices, o, s
         o_scale, v_dec_scale, decay_rows, h_decay = chunk_row_scalings(qg_r, kg_r, gam_last, scale,
                                                                        gl.SliceLayout(1, reg_tt))
 
+        # the checkpoint chunk c - 1 ended on, if any (here rather than at the end of chunk c - 1, where ptxas
+        # spills at BV = 128)
+        _store_checkpoint(checkpoints, h_tmem, c - 1, seq_len, i_v, HS, reg_hs)
         # h: TMEM -> registers once: the bf16 operand for w h and q h, and e^gam_last h back into TMEM, where
         # the k^T v_dec MMA of this chunk accumulates onto it
         # (in [K, HS] column slices, HS bf16 = one 128-byte swizzle span of h_smem, to bound register use)
@@ -250,6 +271,7 @@ def scan_kernel(q, k, w, u, gam, qg, kg, cu_seqlens, h0, ht, state_indices, o, s
             x_offsets = gl.where(rows_sc < n_rows, bos + c * BT + rows_sc, ROW_SKIP)
             tma.async_scatter(o_all_desc, x_offsets, i_hv * V + i_v * BV, o_smem)
         mbarrier.wait(bar_h, phase)
+    _store_checkpoint(checkpoints, h_tmem, n_chunks - 1, seq_len, i_v, HS, reg_hs)  # the last chunk's
     tma.store_wait(0)
     gl.thread_barrier()
     for b in gl.static_range(6):

@@ -24,8 +24,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
-from .common import (SCAN_HAS_H0, SCAN_STORE_HT, SCAN_USE_INDICES, causal_decay, chunk_row_scalings, chunk_rows,
-                     load_state_tile, row_tile_desc, sequence_bounds, store_state_tile, wgmma_layout)
+from .common import (SCAN_HAS_H0, SCAN_STORE_HT, SCAN_USE_INDICES, Checkpoints, causal_decay, chunk_row_scalings,
+                     chunk_rows, load_state_tile, row_tile_desc, sequence_bounds, store_state_tile, wgmma_layout)
 from .scan_sm90_ws import scan_chunks_warp_specialized
 
 
@@ -46,8 +46,9 @@ def _load_tiles(bar, row, desc_a, buf_a, desc_b, buf_b):
 
 @gluon.jit
 def _scan_chunks(h, n_chunks, seq_len, q_desc, k_desc, w_desc, u_desc, o_desc, gam_head, qg_head, kg_head, HV,
-                 scale):
-    """The chunk loop on one warpgroup (or two at BV = 128); returns the final state."""
+                 scale, checkpoints, i_v):
+    """The chunk loop on one warpgroup (or two at BV = 128); returns the final state (and writes the checkpoints
+    of V tile i_v on the way)."""
     dtype: gl.constexpr = q_desc.block_type.element_ty
     BT: gl.constexpr = q_desc.block_type.shape[0]
     K: gl.constexpr = q_desc.block_type.shape[1]
@@ -139,6 +140,10 @@ def _scan_chunks(h, n_chunks, seq_len, q_desc, k_desc, w_desc, u_desc, o_desc, g
         fence_async_shared()
         gl.thread_barrier()
         tma.async_copy_shared_to_global(o_desc, [c * BT, 0], v_new_smem)
+        # last in the chunk, predicated rather than behind a branch: at 4 warps a branch here (any store in it)
+        # makes ptxas spill in the loop
+        if checkpoints.CHECKPOINTS:
+            checkpoints.store(h, checkpoints.count_after(c, seq_len), i_v)
     tma.store_wait(0)
     for b in gl.static_range(4):
         mbarrier.invalidate(bars.index(b))
@@ -147,8 +152,10 @@ def _scan_chunks(h, n_chunks, seq_len, q_desc, k_desc, w_desc, u_desc, o_desc, g
 
 @gluon.jit
 def scan_kernel(q, k, w, u, gam, qg, kg, cu_seqlens, h0, ht, state_indices, o, scale, T, H, HV, flags,
-                K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, IS_VARLEN: gl.constexpr,
-                TRANSPOSE_STATE: gl.constexpr, WARP_SPECIALIZE: gl.constexpr, num_warps: gl.constexpr):
+                state_checkpoints, checkpoint_rows, checkpoint_cu_starts, checkpoint_every_n_tokens, K: gl.constexpr,
+                V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, IS_VARLEN: gl.constexpr,
+                TRANSPOSE_STATE: gl.constexpr, WARP_SPECIALIZE: gl.constexpr, CHECKPOINTS: gl.constexpr,
+                num_warps: gl.constexpr):
     i_n = gl.program_id(0)
     i_hv = gl.program_id(1)
     i_v = gl.program_id(2)
@@ -175,12 +182,14 @@ def scan_kernel(q, k, w, u, gam, qg, kg, cu_seqlens, h0, ht, state_indices, o, s
     gam_head = gam + row0 * HV + i_hv
     qg_head = qg + row0 * HV + i_hv
     kg_head = kg + row0 * HV + i_hv
+    checkpoints = Checkpoints(state_checkpoints, checkpoint_rows, checkpoint_cu_starts, checkpoint_every_n_tokens, HV,
+                              BT, V, TRANSPOSE_STATE, CHECKPOINTS)
 
     if WARP_SPECIALIZE:
         h = scan_chunks_warp_specialized(h, n_chunks, seq_len, q_desc, k_desc, w_desc, u_desc, o_desc, gam_head,
-                                         qg_head, kg_head, HV, scale)
+                                         qg_head, kg_head, HV, scale, checkpoints, i_v)
     else:
         h = _scan_chunks(h, n_chunks, seq_len, q_desc, k_desc, w_desc, u_desc, o_desc, gam_head, qg_head,
-                         kg_head, HV, scale)
+                         kg_head, HV, scale, checkpoints, i_v)
     store_state_tile(ht, h, slot, i_hv, i_v, HV, ((flags & SCAN_STORE_HT) != 0) & (slot >= 0), K, V, BV,
                      TRANSPOSE_STATE)

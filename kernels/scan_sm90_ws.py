@@ -112,8 +112,9 @@ def _output_partition(parity, q_desc, k_desc, w_desc, u_desc, n_chunks, q_ring, 
 
 @gluon.jit
 def _state_partition(h, n_chunks, k_ring, w_ring, u_ring, h_ring, v_new_ring, v_dec_smem, bars,
-                     gam_head, qg_head, kg_head, seq_len, HV):
-    """The recurrence; returns the final state."""
+                     gam_head, qg_head, kg_head, seq_len, HV, checkpoints, i_v):
+    """The recurrence; returns the final state and writes the checkpoints of V tile i_v (the only fp32 copy of
+    the state is this partition's)."""
     qk_ready, qk_empty, w_ready, w_empty, u_ready, u_empty = bars[0], bars[1], bars[2], bars[3], bars[4], bars[5]
     h_ready, h_empty, v_new_ready, v_new_empty = bars[6], bars[7], bars[8], bars[9]
     BT: gl.constexpr = w_ring.shape[1]
@@ -148,14 +149,15 @@ def _state_partition(h, n_chunks, k_ring, w_ring, u_ring, h_ring, v_new_ring, v_
         mbarrier.wait(qk_ready.index(s), phase)
         h = warpgroup_mma(k_ring.index(s).permute((1, 0)), v_dec_smem, h * gl.exp(gam_last))
         mbarrier.arrive(qk_empty.index(s), count=1)
+        checkpoints.store_after(h, c, seq_len, i_v)
     return (h, )
 
 
 @gluon.jit
 def scan_chunks_warp_specialized(h, n_chunks, seq_len, q_desc, k_desc, w_desc, u_desc, o_desc, gam_head, qg_head,
-                                 kg_head, HV, scale):
+                                 kg_head, HV, scale, checkpoints, i_v):
     """The chunk loop of gdn_scan split over the partitions above (called by scan_sm90.scan_kernel with 4 warps,
-    the state partition's); returns the final state."""
+    the state partition's); returns the final state (and writes the checkpoints of V tile i_v)."""
     gl.static_assert(gl.num_warps() == 4, "the state partition is one warpgroup")
     dtype: gl.constexpr = q_desc.block_type.element_ty
     BT: gl.constexpr = q_desc.block_type.shape[0]
@@ -178,7 +180,7 @@ def scan_chunks_warp_specialized(h, n_chunks, seq_len, q_desc, k_desc, w_desc, u
                    v_new_ring, o_stage, o_desc, gam_head, qg_head, kg_head, seq_len, HV, scale)
     h_final = gl.warp_specialize([
         (_state_partition, (h, n_chunks, k_ring, w_ring, u_ring, h_ring, v_new_ring, v_dec_smem, bars,
-                            gam_head, qg_head, kg_head, seq_len, HV)),
+                            gam_head, qg_head, kg_head, seq_len, HV, checkpoints, i_v)),
         (_output_partition, (0, ) + worker_args),
         (_output_partition, (1, ) + worker_args),
         (_load_partition, (0, ) + worker_args),

@@ -29,8 +29,11 @@ import struct
 # 4: the gdn_fused family and routes: gdn_aot_forward_args_t starts with the route and its kernels, one `options`
 #    word replaces the two flag words; the dispatch table and gdn_aot_select in the launcher
 # 5: the gating computed in the kernels: A_log and dt_bias (arguments of gdn_aot_forward, parameters of gdn_prepare
-#    and gdn_fused after beta), options GATE_IN_KERNEL, GATE_BIAS, BETA_SIGMOID, BETA_NEG_EIGVAL; h0 and ht in the variant's state
-#    dtype; gdn_aot_select takes the configuration's state_dtype, gating and checkpoints
+#    and gdn_fused after beta), options GATE_IN_KERNEL, GATE_BIAS, BETA_SIGMOID, BETA_NEG_EIGVAL; h0 and ht in the
+#    variant's state dtype; gdn_aot_select takes the configuration's state_dtype, gating and checkpoints; the
+#    prefix-cache state checkpoints: state_checkpoints, checkpoint_rows, checkpoint_cu_starts (int64) and
+#    checkpoint_every_n_tokens (arguments of gdn_aot_forward, the last parameters of gdn_scan and gdn_fused, read by
+#    their `checkpoints` variants)
 LAUNCHER_ABI_VERSION = 5
 # 2: `dispatch` holds the spec's preferences (`spec`) and the table (`table`); launcher.forward lists its routes
 # 3: the variants' functional axes state_dtype, gating, checkpoints (in the dispatch table's configurations too)
@@ -163,6 +166,10 @@ def _p(spec: str) -> tuple[Param, ...]:
 
 
 _STATE_PARAMS = "h0:*{state} ht:*{state} state_indices:*i32 o:*{dtype}"
+# last, after `flags`: the parameters before them keep their offsets, so a variant without checkpoints compiles to
+# the SASS it had before they existed
+_CHECKPOINT_PARAMS = (" state_checkpoints:*{state} checkpoint_rows:i64 checkpoint_cu_starts:*i64 "
+                      "checkpoint_every_n_tokens:i32")
 
 
 def _gate_flags(family: str, first: int) -> tuple[Flag, ...]:
@@ -187,7 +194,7 @@ FAMILIES = {f.name: f for f in (
         "gdn_scan", "scan", "prepare_scan", ("num_seqs", "HV", "ztiles"), "(num_seqs, HV, V // BV)",
         _p("q:*{dtype} k:*{dtype} w:*{dtype}:workspace.w u:*{dtype}:workspace.u gam:*fp32:workspace.gam "
            "qg:*fp32:workspace.qg kg:*fp32:workspace.kg cu_seqlens:*i32 " + _STATE_PARAMS
-           + " scale:fp32 T:i32:plan.T_arg H:i32 HV:i32 flags:i32:flags"),
+           + " scale:fp32 T:i32:plan.T_arg H:i32 HV:i32 flags:i32:flags" + _CHECKPOINT_PARAMS),
         (Flag("SCAN_HAS_H0", 1, "HAS_H0", "read the initial state"),
          Flag("SCAN_STORE_HT", 2, "STORE_HT", "write the final state"),
          Flag("SCAN_USE_INDICES", 4, "USE_INDICES",
@@ -197,7 +204,7 @@ FAMILIES = {f.name: f for f in (
         "gdn_fused", "fused", "fused", ("num_seqs", "HV", 1), "(num_seqs, HV, 1)",
         _p("q:*{dtype} k:*{dtype} v:*{dtype} g:*fp32 beta:*fp32 A_log:*fp32 dt_bias:*fp32 cu_seqlens:*i32 "
            + _STATE_PARAMS
-           + " scale:fp32 T:i32:plan.T_arg H:i32 HV:i32 flags:i32:flags"),
+           + " scale:fp32 T:i32:plan.T_arg H:i32 HV:i32 flags:i32:flags" + _CHECKPOINT_PARAMS),
         (Flag("FUSED_L2NORM", 1, "L2NORM", "normalise the q and k rows"),
          Flag("FUSED_HAS_H0", 2, "HAS_H0", "read the initial state"),
          Flag("FUSED_STORE_HT", 4, "STORE_HT", "write the final state"),
@@ -261,6 +268,12 @@ CALL_FIELDS = (
     _ptr("A_log", "[HV] fp32 with GATE_IN_KERNEL (else 0)"),
     _ptr("dt_bias", "[HV] fp32 with GATE_BIAS (else 0)"),
     *(_ptr(n) for n in ("cu_seqlens", "h0", "ht", "state_indices", "o")),
+    _ptr("state_checkpoints", "[checkpoint_rows, HV, K, V] ([.., V, K] transposed) in the state dtype: the state "
+                              "after every checkpoint_every_n_tokens tokens of each sequence"),
+    _i64("checkpoint_rows", "state_checkpoints' rows: the kernels write none past them (0: no buffer)"),
+    _ptr("checkpoint_cu_starts", "[num_seqs + 1] int64: sequence n's checkpoints are rows [cu_starts[n], "
+                                 "cu_starts[n + 1]) of state_checkpoints, seq_len_n // N of them"),
+    _i64("checkpoint_every_n_tokens", "N: 0 (no checkpoints) or a multiple of BT; needs a checkpoints variant"),
     _ptr("workspace", "GDN_AOT_WORKSPACE_ALIGN-byte aligned"),
     Field("workspace_bytes", "uint64_t", "Q", "c_uint64", "its size: at least the plan's workspace_bytes"),
     _i64("B", "q is [B, T, H, K]"),

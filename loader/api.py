@@ -20,7 +20,7 @@ from .artifact_sets import Artifacts
 from .routes import Route, Routes
 from .validate import STATE_DTYPES, Call, check_call
 
-_FP32, _I32, _U8 = torch.float32, torch.int32, torch.uint8
+_FP32, _I32, _I64, _U8 = torch.float32, torch.int32, torch.int64, torch.uint8
 _CONTIGUOUS = torch.contiguous_format
 _ALIGN_MASK = WORKSPACE_ALIGN - 1
 _L2NORM, _HAS_H0 = OPTION_BITS["L2NORM"], OPTION_BITS["HAS_H0"]
@@ -56,6 +56,9 @@ def chunk_gated_delta_rule(
     dt_bias: torch.Tensor | None = None,
     use_beta_sigmoid_in_kernel: bool = False,
     allow_neg_eigval: bool = False,
+    state_checkpoints: torch.Tensor | None = None,
+    checkpoint_cu_starts: torch.Tensor | None = None,
+    checkpoint_every_n_tokens: int = 0,
 ):
     """Gated DeltaNet prefill forward (inference only); returns ``(o, final_state or None)``.
 
@@ -90,6 +93,15 @@ def chunk_gated_delta_rule(
     float dtype; dt_bias optional); use_beta_sigmoid_in_kernel=True makes beta the raw b, beta = sigmoid(b), and
     with allow_neg_eigval=True beta = 2 * sigmoid(b), in (0, 2). These run in their own (gating) variants.
 
+    State checkpoints for a prefix cache (FlashInfer's prefill convention): with checkpoint_every_n_tokens = N > 0
+    (a multiple of 64), the state after every N tokens of each sequence is written into state_checkpoints
+    [rows, HV, K, V] ([rows, HV, V, K] with transpose_state; fp32, contiguous): sequence i's checkpoints are rows
+    checkpoint_cu_starts[i] .. checkpoint_cu_starts[i + 1] - 1 (checkpoint_cu_starts: [N_seqs + 1] int64 or int32,
+    on the GPU; sequence i has seq_len_i // N of them), row checkpoint_cu_starts[i] + j holding the state after
+    (j + 1) N tokens, so a sequence whose length is a multiple of N ends on its final state. Checkpoints belong to
+    sequences, not to state_indices' slots. validate=True also checks checkpoint_cu_starts' values (one more
+    device-to-host copy). Needs artifacts built with the `checkpoints` axis (specs/qwen35.yaml: varlen batches).
+
     Raises TypeError/ValueError naming the bad argument; RuntimeError when an input requires grad under grad
     mode (there is no backward: call it under torch.no_grad() / torch.inference_mode(), or detach the inputs);
     gdn_aot.loader.errors types for missing or corrupt artifacts and unsupported devices. Inputs are never
@@ -97,7 +109,8 @@ def chunk_gated_delta_rule(
     """
     call = check_call(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                       cu_seqlens, transpose_state, state_indices, output, output_state, validate, head_first,
-                      use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval)
+                      use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval,
+                      state_checkpoints, checkpoint_cu_starts, checkpoint_every_n_tokens)
     routes, route = select(call, artifacts)
     work, address, size = allocate(call, route)  # `work` stays referenced until the launches are enqueued
     launch(call, routes, route, address, size)
@@ -108,7 +121,8 @@ def select(call: Call, artifacts) -> tuple[Routes, Route]:
     """The configuration's routes on the call's device (loaded on first use) and the one serving the batch."""
     arts = Artifacts.for_device(call.index, root=artifacts)
     config = (call.dtype, call.K, call.V, call.cu_seqlens is not None, call.transpose,
-              STATE_DTYPES[call.state_dtype], call.gate_in_kernel or call.beta_sigmoid, False)
+              STATE_DTYPES[call.state_dtype], call.gate_in_kernel or call.beta_sigmoid,
+              call.checkpoint_every_n_tokens > 0)
     routes = arts.loaded.get(config)
     if routes is None:
         routes = _load_routes(arts, config)
@@ -153,7 +167,8 @@ def allocate(c: Call, route: Route) -> tuple[torch.Tensor, int, int]:
 
 def _kernel_inputs(c: Call) -> None:
     """Contiguous q, k, v; g, beta, A_log and dt_bias fp32; the initial state contiguous in the call's state dtype;
-    cu_seqlens and state_indices int32. Each is converted (one device copy) only where it is not already so."""
+    cu_seqlens and state_indices int32, checkpoint_cu_starts int64. Each is converted (one device copy) only where
+    it is not already so."""
     if not c.q.is_contiguous():
         c.q = c.q.contiguous()
     if not c.k.is_contiguous():
@@ -177,6 +192,9 @@ def _kernel_inputs(c: Call) -> None:
         # one copy either way: .to(dtype, memory_format=...) hands back a tensor already in the dtype as it is
         c.initial_state = (h0.contiguous() if h0.dtype is c.state_dtype
                            else h0.to(c.state_dtype, memory_format=_CONTIGUOUS))
+    starts = c.checkpoint_cu_starts
+    if starts is not None and (starts.dtype is not _I64 or not starts.is_contiguous()):
+        c.checkpoint_cu_starts = starts.to(_I64).contiguous()
 
 
 def launch(c: Call, routes: Routes, route: Route, workspace: int, size: int) -> None:
@@ -195,13 +213,18 @@ def launch(c: Call, routes: Routes, route: Route, workspace: int, size: int) -> 
             if c.dt_bias is not None:
                 options |= _GATE_BIAS
                 dt_bias = c.dt_bias.data_ptr()
+    checkpoints = rows = starts = 0
+    if c.checkpoint_every_n_tokens:
+        buffer = c.state_checkpoints
+        checkpoints, rows, starts = buffer.data_ptr(), buffer.shape[0], c.checkpoint_cu_starts.data_ptr()
     index = c.index
     call_args = _pack_call(
         _raw_stream(index), c.q.data_ptr(), c.k.data_ptr(), c.v.data_ptr(), c.g.data_ptr(), c.beta.data_ptr(), a_log,
         dt_bias,
         0 if cu is None else cu.data_ptr(), 0 if h0 is None else h0.data_ptr(), 0 if ht is None else ht.data_ptr(),
-        0 if idx is None else idx.data_ptr(), c.output.data_ptr(), workspace, size, c.B, c.T, c.num_seqs, c.H, c.HV,
-        options, c.scale)  # CALL_FIELDS' order (loader/abi.py)
+        0 if idx is None else idx.data_ptr(), c.output.data_ptr(), checkpoints, rows, starts,
+        c.checkpoint_every_n_tokens, workspace, size, c.B, c.T, c.num_seqs, c.H, c.HV, options,
+        c.scale)  # CALL_FIELDS' order (loader/abi.py)
     if _current_device() == index:
         r = routes.launcher.gdn_aot_forward(route.prefix + call_args)
     else:  # launches go to the tensors' device whatever the current device is

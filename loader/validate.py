@@ -2,12 +2,14 @@
 ValueError naming it (tests/test_api_validation.py lists them all).
 
 Structure (types, ranks, shapes, dtypes) is checked before devices, so those errors are the same on every machine.
-No check reads device memory, except cu_seqlens' and state_indices' values with validate=True (one copy each).
-The per-call path reads each property once and calls a helper that raises only where a condition fails.
+No check reads device memory, except the values of cu_seqlens, state_indices and checkpoint_cu_starts with
+validate=True (one copy each). The per-call path reads each property once and calls a helper that raises only where
+a condition fails.
 """
 from __future__ import annotations
 
 import math
+import operator
 
 import torch
 
@@ -19,6 +21,8 @@ STATE_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "f
                 torch.float8_e4m3fn: "fp8e4m3", torch.float8_e5m2: "fp8e5m2"}
 _STATE_DTYPE_NAMES = ", ".join(map(str, STATE_DTYPES))
 INDEX_DTYPES = (torch.int32, torch.int64)
+CHUNK = 64  # the kernels' chunk length: checkpoints fall on chunk ends
+INT32_MAX = 2 ** 31 - 1
 _FP32 = torch.float32
 _grad_enabled = torch._C.is_grad_enabled  # torch.is_grad_enabled, without its Python layer
 
@@ -29,12 +33,13 @@ class Call:
     __slots__ = ("q", "k", "v", "g", "beta", "cu_seqlens", "initial_state", "state_indices", "output",
                  "output_state", "output_final_state", "dtype", "B", "T", "H", "HV", "K", "V", "num_seqs", "scale",
                  "l2norm", "transpose", "state_shape", "state_dtype", "index", "A_log", "dt_bias", "gate_in_kernel",
-                 "beta_sigmoid", "neg_eigval")
+                 "beta_sigmoid", "neg_eigval", "state_checkpoints", "checkpoint_cu_starts", "checkpoint_every_n_tokens")
 
 
 def check_call(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens,
                transpose_state, state_indices, output, output_state, validate, head_first, use_gate_in_kernel=False,
-               A_log=None, dt_bias=None, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False) -> Call:
+               A_log=None, dt_bias=None, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
+               state_checkpoints=None, checkpoint_cu_starts=None, checkpoint_every_n_tokens=0) -> Call:
     """The public arguments (gdn_aot.chunk_gated_delta_rule's, in its order), checked; returns the Call."""
     if head_first:
         raise ValueError("head_first=True is not supported: pass q, k, v as [B, T, H, D] (fla's default layout)")
@@ -56,8 +61,14 @@ def check_call(q, k, v, g, beta, scale, initial_state, output_final_state, use_q
     c.scale = c.K ** -0.5 if scale is None else float(scale)
     if not math.isfinite(c.scale):
         raise ValueError(f"scale must be a finite number, got {c.scale}")
-    c.num_seqs = _check_cu_seqlens(cu_seqlens, c.B, c.T, validate) if cu_seqlens is not None else c.B
+    c.num_seqs, cu_host = c.B, None
+    if cu_seqlens is not None:
+        c.num_seqs, cu_host = _check_cu_seqlens(cu_seqlens, c.B, c.T, validate)
     _check_states(c, validate)
+    c.state_checkpoints = c.checkpoint_cu_starts = None
+    c.checkpoint_every_n_tokens = 0
+    if checkpoint_every_n_tokens or state_checkpoints is not None or checkpoint_cu_starts is not None:
+        _check_checkpoints(c, state_checkpoints, checkpoint_cu_starts, checkpoint_every_n_tokens, cu_host, validate)
     if output is not None:
         _check_output(output, v)
     if _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or g.requires_grad
@@ -113,8 +124,9 @@ def _check_gate(name, x, shape) -> None:
         raise TypeError(f"{name} must be float32, bfloat16 or float16, got {x.dtype}")
 
 
-def _check_cu_seqlens(cu, B, T, validate) -> int:
-    """Format checks; with validate, also the values (one device-to-host copy). Returns N."""
+def _check_cu_seqlens(cu, B, T, validate) -> tuple[int, list | None]:
+    """Format checks; with validate, also the values (one device-to-host copy). Returns N and, with validate, the
+    values (a host list)."""
     if not isinstance(cu, _Tensor):
         raise TypeError(f"cu_seqlens must be a torch.Tensor, got {type(cu).__name__}")
     if cu.dtype not in INDEX_DTYPES:
@@ -124,9 +136,11 @@ def _check_cu_seqlens(cu, B, T, validate) -> int:
         raise ValueError(f"cu_seqlens must be 1-D with N + 1 >= 2 entries, got shape {tuple(shape)}")
     if B != 1:
         raise ValueError(f"cu_seqlens packs sequences along T, so q must have B = 1, got B = {B}")
+    host = None
     if validate:
-        check_bounds(cu.tolist(), T)
-    return shape[0] - 1
+        host = cu.tolist()
+        check_bounds(host, T)
+    return shape[0] - 1, host
 
 
 def check_bounds(host: list[int], T: int) -> None:
@@ -199,6 +213,63 @@ def _check_state(name, x, shape, transpose, written: bool):
         raise ValueError(f"{name} must be contiguous (the kernels write it in place), got strides {x.stride()}")
 
 
+def _check_checkpoints(c: Call, buffer, starts, every_n, cu_host: list | None, validate: bool) -> None:
+    """The prefix-cache checkpoints (FlashInfer's prefill convention): every_n = N a positive multiple of the chunk
+    length, the buffer [rows, HV, K, V] ([rows, HV, V, K] transposed) in the state dtype, contiguous, and
+    checkpoint_cu_starts [N_seqs + 1] int32 / int64; all three or none (N = 0). With validate, also the starts'
+    values: sequence i has seq_len_i // N rows, from checkpoint_cu_starts[i], and they fill the buffer."""
+    if isinstance(every_n, bool) or not hasattr(every_n, "__index__"):
+        raise TypeError(f"checkpoint_every_n_tokens must be an int, got {type(every_n).__name__}")
+    every_n = operator.index(every_n)
+    if every_n == 0:
+        raise ValueError("state_checkpoints and checkpoint_cu_starts must be None when checkpoint_every_n_tokens "
+                         "is 0 (checkpoints off)")
+    if every_n < 0 or every_n % CHUNK or every_n > INT32_MAX:
+        raise ValueError(f"checkpoint_every_n_tokens must be a positive multiple of the chunk size ({CHUNK}) below "
+                         f"2**31, got {every_n}")
+    if buffer is None or starts is None:
+        raise ValueError("state_checkpoints and checkpoint_cu_starts must both be given when "
+                         "checkpoint_every_n_tokens > 0")
+    if not isinstance(buffer, _Tensor):
+        raise TypeError(f"state_checkpoints must be a torch.Tensor, got {type(buffer).__name__}")
+    if buffer.dtype is not c.state_dtype:
+        raise TypeError(f"state_checkpoints must be in the call's state dtype {c.state_dtype} (a pool's, else "
+                        f"output_state's, else float32), got {buffer.dtype}")
+    shape = c.state_shape[1:]
+    if buffer.dim() != 4 or buffer.shape[1:] != shape:
+        layout = "[rows, HV, V, K] (transpose_state=True)" if c.transpose else "[rows, HV, K, V]"
+        raise ValueError(f"state_checkpoints must be {layout} = [rows, {', '.join(map(str, shape))}], got "
+                         f"{list(buffer.shape)}")
+    if not buffer.is_contiguous() or buffer.data_ptr() % 16:
+        raise ValueError("state_checkpoints must be contiguous and 16-byte aligned (the kernels write it in place), "
+                         f"got strides {buffer.stride()} at address {buffer.data_ptr():#x}")
+    if not isinstance(starts, _Tensor):
+        raise TypeError(f"checkpoint_cu_starts must be a torch.Tensor, got {type(starts).__name__}")
+    if starts.dtype not in INDEX_DTYPES:
+        raise TypeError(f"checkpoint_cu_starts must be int32 or int64, got {starts.dtype}")
+    if tuple(starts.shape) != (c.num_seqs + 1,):
+        raise ValueError(f"checkpoint_cu_starts must have one entry per sequence and one more, shape "
+                         f"[{c.num_seqs + 1}], got {list(starts.shape)}")
+    if validate:  # (cu_host: cu_seqlens' values, copied by its own check)
+        lengths = [b - a for a, b in zip(cu_host, cu_host[1:])] if cu_host is not None else [c.T] * c.num_seqs
+        check_checkpoint_starts(starts.tolist(), lengths, every_n, buffer.shape[0])
+    c.state_checkpoints, c.checkpoint_cu_starts, c.checkpoint_every_n_tokens = buffer, starts, every_n
+
+
+def check_checkpoint_starts(host: list[int], lengths: list[int], every_n: int, rows: int) -> None:
+    """checkpoint_cu_starts values (a host list) for sequences of `lengths`: from 0, seq_len // every_n rows a
+    sequence, ending at the buffer's `rows`."""
+    if host[0] != 0:
+        raise ValueError(f"checkpoint_cu_starts must start at 0, got {host[0]}")
+    bad = next((i for i, n in enumerate(lengths) if host[i + 1] - host[i] != n // every_n), None)
+    if bad is not None:
+        raise ValueError(f"checkpoint_cu_starts[{bad + 1}] - checkpoint_cu_starts[{bad}] must be sequence {bad}'s "
+                         f"length {lengths[bad]} // {every_n} = {lengths[bad] // every_n}, got "
+                         f"{host[bad + 1] - host[bad]}")
+    if host[-1] != rows:
+        raise ValueError(f"checkpoint_cu_starts must end at state_checkpoints' {rows} rows, got {host[-1]}")
+
+
 def _check_gating(c: Call, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval) -> None:
     """fla's gating options: with use_gate_in_kernel, g is the raw a and A_log (and optionally dt_bias) are [HV]
     float tensors; A_log and dt_bias without it are a mistake (they would be ignored); allow_neg_eigval doubles
@@ -251,16 +322,18 @@ def _check_devices(c: Call) -> int:
         raise ValueError(f"q must be on a CUDA device, got {q.device}")
     index = q.get_device()
     cu, idx, h0, ht, o = c.cu_seqlens, c.state_indices, c.initial_state, c.output_state, c.output
-    a_log, dt_bias = c.A_log, c.dt_bias
+    a_log, dt_bias, ckpt, starts = c.A_log, c.dt_bias, c.state_checkpoints, c.checkpoint_cu_starts
     if (c.k.get_device() != index or c.v.get_device() != index or c.g.get_device() != index
             or c.beta.get_device() != index or (cu is not None and cu.get_device() != index)
             or (idx is not None and idx.get_device() != index) or (h0 is not None and h0.get_device() != index)
             or (ht is not None and ht.get_device() != index) or (o is not None and o.get_device() != index)
             or (a_log is not None and a_log.get_device() != index)
-            or (dt_bias is not None and dt_bias.get_device() != index)):
+            or (dt_bias is not None and dt_bias.get_device() != index)
+            or (ckpt is not None and (ckpt.get_device() != index or starts.get_device() != index))):
         name, x = next((n, x) for n, x in (
             ("k", c.k), ("v", c.v), ("g", c.g), ("beta", c.beta), ("cu_seqlens", cu), ("state_indices", idx),
-            ("initial_state", h0), ("output_state", ht), ("output", o), ("A_log", a_log), ("dt_bias", dt_bias))
+            ("initial_state", h0), ("output_state", ht), ("output", o), ("A_log", a_log), ("dt_bias", dt_bias),
+            ("state_checkpoints", ckpt), ("checkpoint_cu_starts", starts))
             if x is not None and x.device != q.device)
         raise ValueError(f"{name} is on {x.device} but q is on {q.device}: all tensors must be on one device")
     return index

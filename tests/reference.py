@@ -6,7 +6,9 @@
 - reference_outputs: for torch inputs [B, T, ...], the one of the two that fits the problem's size (the GPU tests,
   bench/fused_ablate.py).
 The others take packed varlen inputs (B = 1 folded away): q, k [T, H, K], v [T, HV, V], g, beta [T, HV],
-cu_seqlens [N + 1], h0 [N, HV, K, V] or None; return o [T, HV, V], ht [N, HV, K, V].
+cu_seqlens [N + 1], h0 [N, HV, K, V] or None; return o [T, HV, V], ht [N, HV, K, V]. With checkpoint_every = C > 0,
+recurrence_fp64, chunked_torch and reference_outputs also return the state checkpoints [rows, HV, K, V]: each
+sequence's state after every C of its tokens, in sequence order (FlashInfer's prefill convention).
 """
 from __future__ import annotations
 
@@ -33,17 +35,23 @@ def _setup_fp64(q, k, v, g, beta, cu_seqlens, scale, l2norm):
     return _expand_heads(q, HV), _expand_heads(k, HV), v, g, beta, scale, o, ht
 
 
-def recurrence_fp64(q, k, v, g, beta, cu_seqlens, h0=None, scale=None, l2norm=False):
+def recurrence_fp64(q, k, v, g, beta, cu_seqlens, h0=None, scale=None, l2norm=False, checkpoint_every=0):
     q, k, v, g, beta, scale, o, ht = _setup_fp64(q, k, v, g, beta, cu_seqlens, scale, l2norm)
     n, HV, K, V = ht.shape
+    checkpoints = []
     for s in range(n):
         S = np.zeros((HV, K, V)) if h0 is None else np.array(h0[s], dtype=np.float64)
-        for t in range(int(cu_seqlens[s]), int(cu_seqlens[s + 1])):
+        bos = int(cu_seqlens[s])
+        for t in range(bos, int(cu_seqlens[s + 1])):
             S = S * np.exp(g[t])[:, None, None]
             v_new = beta[t][:, None] * (v[t] - np.einsum("hkv,hk->hv", S, k[t]))
             S = S + np.einsum("hk,hv->hkv", k[t], v_new)
             o[t] = np.einsum("hkv,hk->hv", S, q[t] * scale)
+            if checkpoint_every and (t + 1 - bos) % checkpoint_every == 0:
+                checkpoints.append(S)
         ht[s] = S
+    if checkpoint_every:
+        return o, ht, np.array(checkpoints).reshape(-1, HV, K, V)
     return o, ht
 
 
@@ -73,8 +81,9 @@ def chunked_fp64(q, k, v, g, beta, cu_seqlens, h0=None, scale=None, l2norm=False
     return o, ht
 
 
-def chunked_torch(q, k, v, g, beta, cu_seqlens, h0=None, scale=None, l2norm=False, BT=64):
-    """chunked_fp64 in torch fp32 (any device), vectorised over value heads; for large GPU cases."""
+def chunked_torch(q, k, v, g, beta, cu_seqlens, h0=None, scale=None, l2norm=False, BT=64, checkpoint_every=0):
+    """chunked_fp64 in torch fp32 (any device), vectorised over value heads; for large GPU cases (checkpoint_every:
+    a multiple of BT)."""
     import torch
 
     q, k, v, g, beta = (x.float() for x in (q, k, v, g, beta))
@@ -90,6 +99,7 @@ def chunked_torch(q, k, v, g, beta, cu_seqlens, h0=None, scale=None, l2norm=Fals
     o = torch.zeros(T, HV, V, device=v.device)
     ht = torch.zeros(len(cu) - 1, HV, K, V, device=v.device)
     eye = torch.eye(BT, device=v.device)
+    checkpoints = []
     for s in range(len(cu) - 1):
         h = torch.zeros(HV, K, V, device=v.device) if h0 is None else h0[s].float().clone()
         for c0 in range(cu[s], cu[s + 1], BT):
@@ -109,22 +119,26 @@ def chunked_torch(q, k, v, g, beta, cu_seqlens, h0=None, scale=None, l2norm=Fals
             M = torch.where(causal, torch.exp(diff.masked_fill(~causal, 0)), 0)
             o[c0:c1] = (scale * ((qc * torch.exp(gam)[..., None]) @ h + ((qc @ kc.transpose(1, 2)) * M) @ v_new)).transpose(0, 1)
             h = torch.exp(gam[:, -1])[:, None, None] * h + kc.transpose(1, 2) @ (torch.exp(gam[:, -1:] - gam)[..., None] * v_new)
+            if checkpoint_every and (c1 - cu[s]) % checkpoint_every == 0:
+                checkpoints.append(h)
         ht[s] = h
+    if checkpoint_every:
+        return o, ht, (torch.stack(checkpoints) if checkpoints else torch.zeros(0, HV, K, V, device=v.device))
     return o, ht
 
 
-def reference_outputs(q, k, v, g, beta, cu_list, h0, l2norm):
-    """(o, final state) on the CPU for torch inputs [B, T, ...] (B folded into T): recurrence_fp64 for small problems,
-    chunked_torch on the inputs' device for large ones."""
+def reference_outputs(q, k, v, g, beta, cu_list, h0, l2norm, checkpoint_every=0):
+    """(o, final state), and the checkpoints with checkpoint_every, on the CPU for torch inputs [B, T, ...] (B folded
+    into T): recurrence_fp64 for small problems, chunked_torch on the inputs' device for large ones."""
     import torch
 
     flat = [x.reshape(-1, *x.shape[2:]) for x in (q, k, v, g, beta)]
     if flat[0].shape[0] * v.shape[2] <= 8192:
         args = [x.double().cpu().numpy() for x in flat]
-        o, ht = recurrence_fp64(*args, cu_list, None if h0 is None else h0.double().cpu().numpy(), l2norm=l2norm)
-        return torch.from_numpy(o), torch.from_numpy(ht)
-    o, ht = chunked_torch(*flat, cu_list, h0, l2norm=l2norm)
-    return o.cpu(), ht.cpu()
+        out = recurrence_fp64(*args, cu_list, None if h0 is None else h0.double().cpu().numpy(), l2norm=l2norm,
+                              checkpoint_every=checkpoint_every)
+        return tuple(torch.from_numpy(x) for x in out)
+    return tuple(x.cpu() for x in chunked_torch(*flat, cu_list, h0, l2norm=l2norm, checkpoint_every=checkpoint_every))
 
 
 def rel_max_err(x, ref):

@@ -109,7 +109,8 @@ def forward_args(prepare_struct=None, scan_struct=None, fused_struct=None, **ove
                   scan=address(scan_struct), fused=address(fused_struct), K=128, V=128, BT=64, BV=0 if fused else 64,
                   elt=2, stream=0, q=1 << 20, k=2 << 20, v=3 << 20, g=4 << 20, beta=5 << 20, A_log=0, dt_bias=0,
                   cu_seqlens=6 << 20, h0=0,
-                  ht=0, state_indices=0, o=7 << 20, workspace=1 << 30, workspace_bytes=8 << 20, B=1, T=200, num_seqs=3,
+                  ht=0, state_indices=0, o=7 << 20, state_checkpoints=0, checkpoint_rows=0, checkpoint_cu_starts=0,
+                  checkpoint_every_n_tokens=0, workspace=1 << 30, workspace_bytes=8 << 20, B=1, T=200, num_seqs=3,
                   H=2, HV=4, options=decl.OPTION_BITS["L2NORM"], scale=128 ** -0.5)
     values.update(over)
     assert list(values) == [f.name for f in FORWARD_ARG_FIELDS]
@@ -196,6 +197,35 @@ def test_forward_refuses_bad_calls_without_a_driver(forward_launcher):
         assert lib.gdn_aot_forward(forward_args(prep, scan, **bad)) == CUDA_ERROR_INVALID_VALUE, bad
     assert lib.gdn_aot_forward(forward_args(prep, scan, workspace_bytes=need)) == CUDA_ERROR_INVALID_HANDLE
     assert lib.gdn_aot_forward(forward_args(fused_struct=fused)) == CUDA_ERROR_INVALID_HANDLE  # BV unused there
+
+
+def test_checkpoint_params_come_last_from_the_forward_arguments():
+    """gdn_scan and gdn_fused take the checkpoint arguments as their last parameters (after `flags`, so the other
+    parameters keep their offsets in variants without checkpoints); gdn_prepare does not take them."""
+    want = [("state_checkpoints", "*{state}", "args.state_checkpoints"),
+            ("checkpoint_rows", "i64", "args.checkpoint_rows"),
+            ("checkpoint_cu_starts", "*i64", "args.checkpoint_cu_starts"),
+            ("checkpoint_every_n_tokens", "i32", "args.checkpoint_every_n_tokens")]
+    for name in ("gdn_scan", "gdn_fused"):
+        params = decl.FAMILIES[name].params
+        assert [(p.name, p.type, p.source) for p in params[-4:]] == want and params[-5].name == "flags", name
+    assert not any("checkpoint" in p.name for p in decl.FAMILIES["gdn_prepare"].params)
+
+
+def test_forward_refuses_bad_checkpoints_without_a_driver(forward_launcher):
+    """checkpoint_every_n_tokens: 0, or a multiple of BT up to INT32_MAX with checkpoint_cu_starts, and with
+    state_checkpoints unless checkpoint_rows is 0; anything else is refused before a launch (unloaded kernels answer
+    CUDA_ERROR_INVALID_HANDLE once the arguments pass)."""
+    lib = Launcher(forward_launcher / launcher.LIBRARY)
+    prep, scan = KernelStruct(scratch_size=0), KernelStruct(scratch_size=128)
+    ok = dict(state_checkpoints=9 << 20, checkpoint_rows=5, checkpoint_cu_starts=10 << 20, checkpoint_every_n_tokens=64)
+    for bad in (dict(checkpoint_every_n_tokens=32), dict(checkpoint_every_n_tokens=-64),
+                dict(checkpoint_every_n_tokens=1 << 31), dict(checkpoint_cu_starts=0), dict(state_checkpoints=0),
+                dict(checkpoint_rows=-1)):
+        assert lib.gdn_aot_forward(forward_args(prep, scan, **{**ok, **bad})) == CUDA_ERROR_INVALID_VALUE, bad
+    for good in (ok, dict(ok, state_checkpoints=0, checkpoint_rows=0), dict(ok, checkpoint_every_n_tokens=192),
+                 dict(checkpoint_every_n_tokens=0)):
+        assert lib.gdn_aot_forward(forward_args(prep, scan, **good)) == CUDA_ERROR_INVALID_HANDLE, good
 
 
 def test_route_of_a_spec_without_its_kernels_is_not_supported(tmp_path):

@@ -32,6 +32,18 @@ def call(**over):
     return chunk_gated_delta_rule(**args)
 
 
+def checkpoints(rows=0, every_n=64, starts=(0, 0), **over):
+    """The checkpoint arguments of a call of inputs(): T = 8 (below every N, so no checkpoint rows)."""
+    return {"state_checkpoints": torch.zeros(rows, 4, 128, 128), "checkpoint_every_n_tokens": every_n,
+            "checkpoint_cu_starts": torch.tensor(starts), **over}
+
+
+def two_sequences(**over):
+    """130 tokens in sequences of 64 and 66 (one checkpoint each at N = 64) and their checkpoint arguments."""
+    return {**inputs(T=130), "cu_seqlens": torch.tensor([0, 64, 130]), **checkpoints(rows=2, starts=(0, 1, 2)),
+            **over}
+
+
 CASES = [
     (dict(q=[1, 2]), TypeError, "q must be a torch.Tensor"),
     (dict(A_log=torch.zeros(4)), ValueError, "A_log and dt_bias are read only with use_gate_in_kernel=True"),
@@ -79,6 +91,35 @@ CASES = [
           cu_seqlens=torch.tensor([0, 4, 4, 8])), ValueError, "same slot"),
     (dict(output=torch.empty(1, 8, 4, 64, dtype=torch.bfloat16)), ValueError, "output must be a contiguous"),
     (dict(scale=float("nan")), ValueError, "scale must be a finite number"),
+    (dict(checkpoint_every_n_tokens=64), ValueError, "state_checkpoints and checkpoint_cu_starts must both be given"),
+    (dict(state_checkpoints=torch.zeros(0, 4, 128, 128)), ValueError,
+     "must be None when checkpoint_every_n_tokens is 0"),
+    (checkpoints(every_n=100), ValueError, "checkpoint_every_n_tokens must be a positive multiple of the chunk size"),
+    (checkpoints(every_n=-64), ValueError, "checkpoint_every_n_tokens must be a positive multiple"),
+    (checkpoints(every_n=1 << 31), ValueError, "checkpoint_every_n_tokens must be a positive multiple"),
+    (checkpoints(every_n=64.0), TypeError, "checkpoint_every_n_tokens must be an int"),
+    (checkpoints(state_checkpoints=[0]), TypeError, "state_checkpoints must be a torch.Tensor"),
+    (checkpoints(state_checkpoints=torch.zeros(0, 4, 128, 128, dtype=torch.bfloat16)), TypeError,
+     "state_checkpoints must be in the call's state dtype torch.float32"),
+    (checkpoints(state_checkpoints=torch.zeros(0, 2, 128, 128)), ValueError,
+     "state_checkpoints must be \\[rows, HV, K, V\\] = \\[rows, 4, 128, 128\\]"),
+    (checkpoints(state_checkpoints=torch.zeros(0, 4, 128, 64), transpose_state=True), ValueError,
+     "state_checkpoints must be \\[rows, HV, V, K\\] \\(transpose_state=True\\)"),
+    (checkpoints(state_checkpoints=torch.zeros(2, 4, 128, 128).transpose(2, 3)), ValueError,
+     "state_checkpoints must be contiguous"),
+    (checkpoints(checkpoint_cu_starts=[0, 0]), TypeError, "checkpoint_cu_starts must be a torch.Tensor"),
+    (checkpoints(checkpoint_cu_starts=torch.tensor([0.0, 0.0])), TypeError,
+     "checkpoint_cu_starts must be int32 or int64"),
+    (checkpoints(checkpoint_cu_starts=torch.tensor([0, 0, 0])), ValueError,
+     "checkpoint_cu_starts must have one entry per sequence and one more, shape \\[2\\]"),
+    (two_sequences(checkpoint_cu_starts=torch.tensor([1, 2, 3]), validate=True), ValueError,
+     "checkpoint_cu_starts must start at 0"),
+    (two_sequences(checkpoint_cu_starts=torch.tensor([0, 2, 2]), validate=True), ValueError,
+     "checkpoint_cu_starts\\[1\\] - checkpoint_cu_starts\\[0\\] must be sequence 0's length 64 // 64 = 1, got 2"),
+    (two_sequences(state_checkpoints=torch.zeros(3, 4, 128, 128), validate=True), ValueError,
+     "checkpoint_cu_starts must end at state_checkpoints' 3 rows, got 2"),
+    (two_sequences(), ValueError, "q must be on a CUDA device"),  # well-formed: through to the device check
+    (checkpoints(validate=True), ValueError, "q must be on a CUDA device"),  # no rows, none needed
     (dict(head_first=True), ValueError, "head_first=True is not supported"),
     (dict(), ValueError, "q must be on a CUDA device"),
 ]
@@ -345,3 +386,51 @@ def test_launch_passes_the_gating_inputs(monkeypatch, with_bias, neg_eigval):
     assert got["options"] == OPTION_BITS["GATE_IN_KERNEL"] | OPTION_BITS["BETA_SIGMOID"] | bias_bit | neg_bit
     assert got["A_log"] == c.A_log.data_ptr()
     assert got["dt_bias"] == (dt_bias.data_ptr() if with_bias else 0)
+
+
+@pytest.mark.parametrize("starts_dtype", [torch.int32, torch.int64])
+def test_launch_passes_the_checkpoints(monkeypatch, starts_dtype):
+    """The checkpoint buffer, its rows, checkpoint_cu_starts as int64 (an int32 one converted once, an int64 one
+    passed as it is) and N in the launch's argument struct, beside the other conversions (a bf16 initial state);
+    all 0 without checkpoints."""
+    args = two_sequences(initial_state=torch.randn(2, 4, 128, 128, dtype=torch.bfloat16))
+    args["checkpoint_cu_starts"] = args["checkpoint_cu_starts"].to(starts_dtype)
+    c = checked_call(monkeypatch, **args)
+    allocate(c)
+    assert c.initial_state.dtype == torch.float32
+    starts = c.checkpoint_cu_starts
+    assert starts.dtype == torch.int64 and torch.equal(starts, args["checkpoint_cu_starts"].long())
+    assert (starts is args["checkpoint_cu_starts"]) == (starts_dtype == torch.int64)
+    got = launched_args(monkeypatch, c)
+    assert got["state_checkpoints"] == args["state_checkpoints"].data_ptr() and got["checkpoint_rows"] == 2
+    assert got["checkpoint_cu_starts"] == starts.data_ptr() and got["checkpoint_every_n_tokens"] == 64
+    c = checked_call(monkeypatch)
+    allocate(c)
+    got = launched_args(monkeypatch, c)
+    assert [got[n] for n in ("state_checkpoints", "checkpoint_rows", "checkpoint_cu_starts",
+                             "checkpoint_every_n_tokens")] == [0, 0, 0, 0]
+
+
+@pytest.mark.parametrize("with_checkpoints", [False, True])
+def test_checkpoints_select_their_configuration(monkeypatch, with_checkpoints):
+    """A call with checkpoint_every_n_tokens > 0 asks the dispatch table for the configuration with checkpoints
+    (dispatch.CONFIG_AXES' last axis), whose variants write them; one without, for the plain variants."""
+    from types import SimpleNamespace
+
+    from gdn_aot.loader import dispatch
+
+    seen = {}
+
+    def load_routes(arts, config):
+        seen["config"] = config
+        raise _Stop
+
+    monkeypatch.setattr(validate, "_check_devices", lambda c: 0)
+    monkeypatch.setattr(api.Artifacts, "for_device", lambda index, root=None: SimpleNamespace(loaded={}))
+    monkeypatch.setattr(api, "_load_routes", load_routes)
+    args = two_sequences() if with_checkpoints else dict(inputs(T=130), cu_seqlens=torch.tensor([0, 64, 130]))
+    with pytest.raises(_Stop):
+        chunk_gated_delta_rule(**args)
+    assert dict(zip(dispatch.CONFIG_AXES, seen["config"])) == dict(
+        dtype="bf16", K=128, V=128, varlen=True, transpose=False, state_dtype="fp32", gating=False,
+        checkpoints=with_checkpoints)

@@ -35,8 +35,10 @@ def test_no_unexpected_failures(tiny_build):
 @pytest.mark.parametrize("kernel, arch", KERNEL_ARCH)
 def test_every_written_kernel_built(tiny_build, kernel, arch):
     entries = tiny_build.require(arch, kernel)
-    # tiny.yaml: both state layouts of gdn_scan, on sm_90a each also warp-specialised, and one bf16-state scan
-    expected = {"gdn_scan": 5 if arch == "sm_90a" else 3}.get(kernel, 1)
+    # tiny.yaml: both state layouts of gdn_scan, on sm_90a each also warp-specialised, one bf16-state scan, and
+    # with checkpoints (on sm_90a the warp-specialised ones and one 4-warp scan); gdn_fused in both layouts and
+    # with checkpoints in one
+    expected = {"gdn_scan": 4 + 1 + 3 if arch == "sm_90a" else 2 + 1 + 2, "gdn_fused": 3}.get(kernel, 1)
     assert len(entries) == expected
 
 
@@ -50,15 +52,17 @@ def test_manifest_contents(tiny_build, arch):
     assert len(m["spec"]["sha256"]) == 64 and m["spec"]["path"].endswith("tiny.yaml")
     spec = load_spec(REPO / "specs" / "tiny.yaml")
     assert m["dispatch"]["spec"] == spec.dispatch.get(arch, {})
-    # the table: per state layout, the warp-specialised scan for single-wave batches on sm_90a, then the default
-    # (classes the spec gives gdn_fused, once it is built, route there); the bf16 state, built for [V, K] and
-    # without a warp-specialised scan, gets the default class only
+    # the table: per state layout, without and with checkpoints, the warp-specialised scan for single-wave batches
+    # on sm_90a, then the default (classes the spec gives gdn_fused, once it is built, route there); the bf16
+    # state, built for [V, K] without checkpoints or a warp-specialised scan, gets the default class only
     classes = ["single_wave", "default"] if arch == "sm_90a" else ["default"]
     fused = {c for c in spec.dispatch.get(arch, {}).get("gdn_fused", {}).get("classes", [])
              if any(e["kernel"] == "gdn_fused" for e in m["variants"].values())}
-    configs = [(False, "fp32", classes), (True, "bf16", ["default"]), (True, "fp32", classes)]
-    assert [(r["transpose"], r["state_dtype"], r["class"], r["route"]) for r in m["dispatch"]["table"]] == [
-        (tr, sd, c, "fused" if c in fused else "prepare_scan") for tr, sd, cs in configs for c in cs]
+    configs = [(False, "fp32", False, classes), (False, "fp32", True, classes), (True, "bf16", False, ["default"]),
+               (True, "fp32", False, classes), (True, "fp32", True, classes)]
+    assert [(r["transpose"], r["state_dtype"], r["checkpoints"], r["class"], r["route"])
+            for r in m["dispatch"]["table"]] == [(tr, sd, ck, c, "fused" if c in fused else "prepare_scan")
+                                                 for tr, sd, ck, cs in configs for c in cs]
     for r in m["dispatch"]["table"]:
         assert set(r["kernels"]) == ({"gdn_fused"} if r["route"] == "fused" else {"gdn_prepare", "gdn_scan"})
         assert set(r["kernels"].values()) <= set(m["variants"])

@@ -111,11 +111,14 @@ CPP_SHAPES = [([100, 1, 0, 300], 2, 4, 132), ([64] * 18, 2, 4, 132), ([5] * 33, 
 
 
 @pytest.mark.parametrize("arch, cap", [("sm_90a", (9, 0)), ("sm_100a", (10, 0))])
-@pytest.mark.parametrize("transpose, l2norm", [(False, True), (True, False)])
-def test_cpp_example_picks_what_the_python_api_picks(tiny_build, tmp_path, arch, cap, transpose, l2norm):
+@pytest.mark.parametrize("transpose, l2norm, checkpoints", [(False, True, False), (True, False, False),
+                                                            (False, True, True), (True, True, True)])
+def test_cpp_example_picks_what_the_python_api_picks(tiny_build, tmp_path, arch, cap, transpose, l2norm,
+                                                     checkpoints):
     """--dry-run for a set of shapes: the C++ helper's dispatch row (gdn_aot_select), variants, grids and workspace
     size against the Python loader's route for the batch (the manifest's table) and the layout of the workspace
-    the Python API allocates (w, u bf16; gam, qg, kg fp32; scratch)."""
+    the Python API allocates (w, u bf16; gam, qg, kg fp32; scratch); with --checkpoint-every, the configuration with
+    checkpoints (its gdn_scan variants write them)."""
     tiny_build.require(arch, "gdn_prepare")
     tiny_build.require(arch, "gdn_scan")
     exe = compile_cpp_example(tiny_build, arch, tmp_path)
@@ -124,14 +127,15 @@ def test_cpp_example_picks_what_the_python_api_picks(tiny_build, tmp_path, arch,
     for lens, H, HV, sms in CPP_SHAPES:
         extra = ["--lens", ",".join(map(str, lens)), "--heads", f"{H},{HV}", "--sms", str(sms)]
         got = _dry_run(exe, tiny_build.out / arch, *extra, *(["--transpose"] if transpose else []),
-                       *([] if l2norm else ["--no-l2norm"]))
+                       *([] if l2norm else ["--no-l2norm"]), *(["--checkpoint-every", "128"] if checkpoints else []))
         rows, n = sum(lens), len(lens)
-        rows_of_config = dispatch.config_rows(s.table, ("bf16", 128, 128, True, transpose, "fp32", False, False))
+        rows_of_config = dispatch.config_rows(s.table, ("bf16", 128, 128, True, transpose, "fp32", False, checkpoints))
         route = Routes(rows_of_config, s.kernel, s.manifest, 0, sms).select(n * HV)  # the API's choice
         classes.add(route.row["class"])
         assert got["class"] == route.row["class"] and int(got["route"]) == route.id, (lens, H, HV, sms)
         prep, scan = route.kernels["gdn_prepare"], route.kernels["gdn_scan"]
         assert (got["prepare"], got["scan"]) == (prep.key, scan.key), (lens, H, HV, sms)
+        assert (".checkpoints." in scan.key) == checkpoints
         pgrid, sgrid = (rows // 64 + n, H, 1), (n, HV, 128 // scan.BV)
         assert got["prepare_grid"] == " ".join(map(str, pgrid)) and got["scan_grid"] == " ".join(map(str, sgrid))
         a = lambda b: -(-b // 256) * 256  # noqa: E731  (each region 256-byte aligned)
@@ -151,6 +155,9 @@ def test_cpp_example_errors_are_clear(tiny_build, tmp_path):
     assert "K=128 V=128" in r.stderr and "gdn-aot build" in r.stderr
     r = subprocess.run([str(exe), str(tiny_build.out / "sm_90a"), "--dry-run"], capture_output=True, text=True)
     assert r.returncode == 1 and "--dry-run needs --sms" in r.stderr
+    r = subprocess.run([str(exe), str(tiny_build.out / "sm_90a"), "--checkpoint-every", "100"], capture_output=True,
+                       text=True)
+    assert r.returncode == 1 and "--checkpoint-every: a multiple of 64" in r.stderr
     r = subprocess.run([str(exe), str(tmp_path / "nowhere")], capture_output=True, text=True)
     assert r.returncode == 1 and "kernels.tsv" in r.stderr and "gdn-aot build" in r.stderr
     r = subprocess.run([str(exe)], capture_output=True, text=True)

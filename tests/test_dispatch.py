@@ -22,9 +22,10 @@ QWEN_SM90 = {"gdn_scan": {"default_BV": 128, "small_batch_BV": 32, "small_batch_
 
 
 def variant(kernel, BV=128, warps=4, dtype="bf16", varlen=True, transpose=False, K=128, V=128, BT=64,
-            state_dtype="fp32", gating=False):
+            state_dtype="fp32", gating=False, checkpoints=False):
     v = Variant(kernel=kernel, arch="sm_90a", K=K, V=V, BT=BT, BK=K, BV=BV, dtype=dtype, varlen=varlen,
-                transpose=transpose, num_warps=warps, num_stages=1, state_dtype=state_dtype, gating=gating)
+                transpose=transpose, num_warps=warps, num_stages=1, state_dtype=state_dtype, gating=gating,
+                checkpoints=checkpoints)
     return v.key, {"kernel": kernel, "axes": v.as_dict(), "num_warps": warps}
 
 
@@ -137,6 +138,20 @@ def test_functional_axes_take_their_variants():
     assert all(".gating." not in p and ".state-bf16." in s for _, p, s in bf16)
     assert [(p, s) for _, p, s in both] == [(gating[0][1], s) for *_, s in bf16]
     assert config_rows(table, config(checkpoints=True)) == []
+
+
+def test_checkpoints_take_their_scan_variants():
+    """specs/qwen35.yaml's checkpoint variants (gdn_scan, varlen, the BVs and warps the rows take): the configuration
+    with checkpoints gets the same shape classes, the plain gdn_prepare and gdn_scan variants with checkpoints; a
+    fixed-length batch with checkpoints, which none serves, gets no rows."""
+    ckpt = dict(variant("gdn_scan", bv, w, checkpoints=True) for bv, w in ((32, 4), (128, 8), (32, 16), (64, 16)))
+    table = build_table(QWEN_SM90, {**qwen_sm90_variants(transposes=(False,)), **ckpt}, USES)
+    plain, with_ckpt = config_rows(table, config()), config_rows(table, config(checkpoints=True))
+    assert [(r["class"], scan_bv(r)) for r in with_ckpt] == [(r["class"], scan_bv(r)) for r in plain]
+    assert all(r["kernels"]["gdn_prepare"] == p["kernels"]["gdn_prepare"] for r, p in zip(with_ckpt, plain))
+    assert all(".checkpoints." in r["kernels"]["gdn_scan"] for r in with_ckpt)
+    assert not any(".checkpoints." in r["kernels"]["gdn_scan"] for r in plain)
+    assert config_rows(table, config(varlen=False, checkpoints=True)) == []
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
 """examples/cpp/gdn_forward.cpp on a GPU: the C++ forward on raw device pointers gives the same o and final
-state as gdn_aot.chunk_gated_delta_rule on the same inputs (written from Python as raw files).
+state (and state checkpoints, with --checkpoint-every) as gdn_aot.chunk_gated_delta_rule on the same inputs (written
+from Python as raw files).
 
 Both pick the route and variants from the same dispatch table (the C++ program through gdn_aot_select, with the
 device's SM count) and run the same cubins with the same arguments and grids, and the kernels are deterministic,
@@ -26,9 +27,9 @@ def _raw(x: torch.Tensor, path):
     (x.view(torch.int16) if x.dtype == torch.bfloat16 else x).numpy().tofile(path)
 
 
-@pytest.mark.parametrize("l2norm", [True, False])
-@pytest.mark.parametrize("with_h0", [True, False])
-def test_cpp_forward_matches_python_api(tiny_build, tmp_path, l2norm, with_h0):
+@pytest.mark.parametrize("l2norm, with_h0, every_n", [(True, True, 0), (True, False, 0), (False, True, 0),
+                                                      (False, False, 0), (True, True, 64), (True, False, 128)])
+def test_cpp_forward_matches_python_api(tiny_build, tmp_path, l2norm, with_h0, every_n):
     import gdn_aot
 
     arch = {(9, 0): "sm_90a", (10, 0): "sm_100a"}[torch.cuda.get_device_capability(0)]
@@ -49,10 +50,15 @@ def test_cpp_forward_matches_python_api(tiny_build, tmp_path, l2norm, with_h0):
     beta = torch.rand(1, rows, HV, device="cuda", generator=gen)
     h0 = torch.randn(n, HV, K, V, device="cuda", generator=gen) if with_h0 else None
     cu = torch.tensor([0, *np.cumsum(lens).tolist()], device="cuda", dtype=torch.int32)
+    checkpoints = {}
+    if every_n:
+        starts = [0, *np.cumsum([n // every_n for n in lens]).tolist()]
+        checkpoints = dict(state_checkpoints=torch.zeros(starts[-1], HV, K, V, device="cuda"),
+                           checkpoint_cu_starts=torch.tensor(starts, device="cuda"), checkpoint_every_n_tokens=every_n)
 
     o_py, ht_py = gdn_aot.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True,
                                                  cu_seqlens=cu, use_qk_l2norm_in_kernel=l2norm,
-                                                 artifacts=str(tiny_build.out))
+                                                 artifacts=str(tiny_build.out), **checkpoints)
     torch.cuda.synchronize()
     inputs, out = tmp_path / "in", tmp_path / "out"
     inputs.mkdir()
@@ -61,7 +67,7 @@ def test_cpp_forward_matches_python_api(tiny_build, tmp_path, l2norm, with_h0):
         if x is not None:
             _raw(x, inputs / f"{name}.bin")
     cmd = [str(exe), str(tiny_build.out / arch), "--lens", ",".join(map(str, lens)), "--heads", f"{H},{HV}",
-           "--inputs", str(inputs), "--out", str(out),
+           "--inputs", str(inputs), "--out", str(out), "--checkpoint-every", str(every_n),
            *([] if l2norm else ["--no-l2norm"]), *([] if with_h0 else ["--no-h0"])]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stdout}{r.stderr}"
@@ -73,3 +79,6 @@ def test_cpp_forward_matches_python_api(tiny_build, tmp_path, l2norm, with_h0):
     assert o_cpp.shape == o_ref.shape and ht_cpp.shape == ht_ref.shape
     assert torch.equal(o_cpp, o_ref), f"o differs: rel err {rel_max_err(o_cpp.float().numpy(), o_ref.float().numpy())}"
     assert torch.equal(ht_cpp, ht_ref), f"ht differs: rel err {rel_max_err(ht_cpp.numpy(), ht_ref.numpy())}"
+    if every_n:
+        ckpt_cpp = torch.from_numpy(np.fromfile(out / "ckpt.bin", dtype=np.float32))
+        assert torch.equal(ckpt_cpp, checkpoints["state_checkpoints"].cpu().reshape(-1)), "checkpoints differ"

@@ -38,3 +38,28 @@ def test_recurrence_by_hand():
     S = np.exp(-0.5) * S0[0, 0]
     S = S + np.outer(k[0, 0], 0.25 * (v[0, 0] - S.T @ k[0, 0]))
     assert np.allclose(h[0, 0], S) and np.allclose(o[0, 0], S.T @ (0.5 * q[0, 0]))
+
+
+@pytest.mark.parametrize("every", [64, 128])
+def test_checkpoints_are_the_states_of_prefixes(every):
+    """Checkpoint j of a sequence is its final state after (j + 1) * every tokens (FlashInfer's convention): the
+    recurrence's match the final states of the truncated sequences, seq_len // every of them a sequence, in
+    sequence order; chunked_torch records the same."""
+    lens = [0, 130, 64, 63, 256]
+    q, k, v, g, beta, cu, h0 = _inputs(lens)
+    k = k / np.linalg.norm(k, axis=-1, keepdims=True)
+    _, ht, ckpt = recurrence_fp64(q, k, v, g, beta, cu, h0, checkpoint_every=every)
+    want = []
+    for s, n in enumerate(lens):
+        for j in range(n // every):
+            bos, end = cu[s], cu[s] + (j + 1) * every
+            sl = slice(bos, end)
+            _, h = recurrence_fp64(q[sl], k[sl], v[sl], g[sl], beta[sl], [0, end - bos], h0[s:s + 1])
+            want.append(h[0])
+        if n and n % every == 0:
+            assert np.array_equal(want[-1], ht[s])  # a length that is a multiple: the last one is the final state
+    assert ckpt.shape == (sum(n // every for n in lens), 4, 16, 8)
+    assert np.allclose(ckpt, np.array(want), rtol=0, atol=1e-12)
+    _, _, tc = chunked_torch(*(torch.tensor(x) for x in (q, k, v, g, beta)), cu, torch.tensor(h0),
+                             checkpoint_every=every)
+    assert rel_max_err(tc.numpy(), ckpt) < 1e-5

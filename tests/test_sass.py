@@ -87,6 +87,19 @@ def test_wgmma_not_serialised(tiny_build, kernel):
         assert "wgmma.mma_async instructions are serialized" not in report, f"{key}: {report}"
 
 
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("kernel", ["gdn_scan", "gdn_fused"])
+def test_checkpoint_stores_only_in_checkpoint_variants(tiny_build, arch, kernel):
+    """The state checkpoints are stored from the chunk loop (generic stores, STG) by the variants with checkpoints
+    only; the others have no global store in any loop (their outputs leave by TMA, the final state after the
+    loop)."""
+    for key, e in tiny_build.require(arch, kernel).items():
+        text = sass.disassemble(tiny_build.out / arch / e["cubin"]["path"])
+        loops = sass.loop_ranges(text)
+        in_loops = sum(1 for at, op in sass.instructions(text) if op == "STG" and any(a <= at <= b for a, b in loops))
+        assert (in_loops > 0) == e["axes"]["checkpoints"], (key, in_loops)
+
+
 def test_loop_ranges():
     """Loop bodies are the ranges of predicated backward branches (nvdisasm -c labels or raw addresses)."""
     text = """

@@ -138,9 +138,10 @@ def test_invalid_yaml(tmp_path):
 def test_shipped_specs_enumerate():
     q = load_spec(REPO / "specs" / "qwen35.yaml")
     # prepare: dtype x varlen x gating; scan: (dtype, state dtype) x varlen x transpose x (BV, warps), the (dtype,
-    # state dtype) pairs (bf16, fp32), (fp16, fp32), (bf16, bf16), the (BV, warps) sm_90a BV 32/w4, 64/w4,
-    # 128/w8, 32/w16, 64/w16 (warp-specialised, varlen only) and sm_100a BV 64/w4, 128/w4
-    per_arch = {"sm_90a": {"gdn_prepare": 8, "gdn_scan": 48}, "sm_100a": {"gdn_prepare": 8, "gdn_scan": 24}}
+    # state dtype) pairs (bf16, fp32), (fp16, fp32), (bf16, bf16), the (BV, warps) sm_90a BV 32/w4, 64/w4, 128/w8,
+    # 32/w16, 64/w16 (warp-specialised, varlen only) and sm_100a BV 64/w4, 128/w4; and with checkpoints, varlen
+    # only, the (BV, warps) the dispatch table takes (sm_90a: not 64/w4)
+    per_arch = {"sm_90a": {"gdn_prepare": 8, "gdn_scan": 48 + 24}, "sm_100a": {"gdn_prepare": 8, "gdn_scan": 24 + 12}}
     for arch, counts in per_arch.items():
         vs = q.for_arch(arch)
         assert {v.kernel for v in vs} == set(counts)  # no gdn_l2norm: fused into both
@@ -149,25 +150,36 @@ def test_shipped_specs_enumerate():
     assert {(v.BV, v.num_warps) for v in q.for_arch("sm_90a") if v.kernel == "gdn_scan"} == {
         (32, 4), (64, 4), (128, 8), (32, 16), (64, 16)}
     assert {v.BV for v in q.for_arch("sm_100a") if v.kernel == "gdn_scan"} == {64, 128}
-    assert len(q.variants) == 88 and len({v.key for v in q.variants}) == 88
+    assert len(q.variants) == 124 and len({v.key for v in q.variants}) == 124
     ws = [v for v in q.for_arch("sm_90a") if v.num_warps == q.dispatch["sm_90a"]["gdn_scan"]["single_wave_warps"]]
     assert {(v.kernel, v.BV, v.varlen) for v in ws} == {("gdn_scan", 32, True), ("gdn_scan", 64, True)}
-    assert len(ws) == 12  # (bf16, fp32), (fp16, fp32), (bf16, bf16) x BV 32, 64 x both layouts
+    assert len(ws) == 24  # (bf16, fp32), (fp16, fp32), (bf16, bf16) x BV 32, 64 x both layouts, and with checkpoints
+    ckpt = [v for v in q.variants if v.checkpoints]
+    assert {v.kernel for v in ckpt} == {"gdn_scan"} and all(v.varlen for v in ckpt) and len(ckpt) == 36
+    assert {(v.BV, v.num_warps) for v in ckpt if v.arch == "sm_90a"} == {(32, 4), (128, 8), (32, 16), (64, 16)}
     t = load_spec("tiny")  # a shipped spec by name
-    assert len(t.variants) == 14
+    assert len(t.variants) == 21
     assert {v.kernel for v in t.variants} == {"gdn_prepare", "gdn_scan", "gdn_fused"}
-    assert sorted((v.transpose, v.state_dtype) for v in t.for_arch("sm_90a") if v.kernel == "gdn_scan") == [
-        (False, "fp32"), (False, "fp32"), (True, "bf16"), (True, "fp32"), (True, "fp32")]
-    assert sorted(v.transpose for v in t.for_arch("sm_100a") if v.kernel == "gdn_fused") == [False, True]
+    plain_scans = [v for v in t.for_arch("sm_90a") if v.kernel == "gdn_scan" and not v.checkpoints]
+    assert sorted(v.transpose for v in plain_scans) == [False, False, True, True, True]  # one of them bf16-state
+    assert {v.BV for v in plain_scans} == {64}
+    assert sorted(v.transpose for v in t.for_arch("sm_100a") if v.kernel == "gdn_fused") == [False, False, True]
+    assert {(v.arch, v.kernel, v.BV, v.num_warps, v.transpose) for v in t.variants if v.checkpoints} == {
+        ("sm_90a", "gdn_scan", 64, 16, False), ("sm_90a", "gdn_scan", 64, 16, True),
+        ("sm_90a", "gdn_scan", 32, 4, False),
+        ("sm_100a", "gdn_scan", 64, 4, False), ("sm_100a", "gdn_scan", 64, 4, True),
+        ("sm_90a", "gdn_fused", 128, 16, False), ("sm_100a", "gdn_fused", 128, 16, False)}
     f = load_spec(REPO / "specs" / "fused-preview.yaml")  # every configuration, the one-kernel route only
-    assert len(f.variants) == 48 and {v.kernel for v in f.variants} == {"gdn_fused"}  # with and without gating
+    # with and without gating; with checkpoints for varlen batches
+    assert len(f.variants) == 72 and {v.kernel for v in f.variants} == {"gdn_fused"}
+    assert sum(v.checkpoints for v in f.variants) == 24 and all(v.varlen for v in f.variants if v.checkpoints)
     assert all(v.num_warps == 16 and v.BT == 64 for v in f.variants)
     assert {v.dtype for v in t.variants} == {"bf16"}
     prep = [v for v in q.variants if v.kernel == "gdn_prepare"]  # BV and transpose unused: their defaults
     assert all(v.BT == 64 and v.BK == 128 and v.BV == 128 and not v.transpose and v.num_warps == 4 for v in prep)
     assert {(v.dtype, v.varlen, v.gating) for v in prep} == set(itertools.product(("bf16", "fp16"), (True, False),
                                                                                    (True, False)))
-    assert {v.state_dtype for v in prep} == {"fp32"} and not any(v.checkpoints for v in q.variants)
+    assert {v.state_dtype for v in prep} == {"fp32"}  # gdn_prepare never touches the state
     assert q.dispatch["sm_90a"]["gdn_scan"]["small_batch_factor"] == 0.5  # a fraction of the SMs is allowed
     for arch in ("sm_90a", "sm_100a"):
         d = q.dispatch[arch]["gdn_scan"]
@@ -222,7 +234,7 @@ def test_state_dtype_specs_enumerate():
         assert tiers("bf16") == tiers("fp32")
     f = load_spec(REPO / "specs" / "fused-preview.yaml")
     assert {(v.dtype, v.state_dtype) for v in f.variants} == {("bf16", "fp32"), ("fp16", "fp32"), ("bf16", "bf16")}
-    assert len(f.variants) == 48
+    assert len(f.variants) == 72
     s = load_spec(REPO / "specs" / "state-dtypes.yaml")
     assert s.dispatch == q.dispatch
     per_arch = {"sm_90a": 5, "sm_100a": 2}  # (BV, warps) tiers, as in qwen35.yaml

@@ -20,7 +20,10 @@
 //   cu_seqlens [N + 1] int32 (varlen; 0 for fixed-length batches); h0 / ht [N, HV, K, V] ([N, HV, V, K]
 //   with transpose) or 0; state_indices [N] int32 or 0 (h0 is then a state pool [slots, HV, ...], sequence n
 //   reads slot state_indices[n], -1 = zero state; pass ht = h0 to update the pool in place), stored in the
-//   Config's state_dtype; A_log, dt_bias [HV] fp32 with Options::gate_in_kernel.
+//   Config's state_dtype; A_log, dt_bias [HV] fp32 with Options::gate_in_kernel; with
+//   Options::checkpoint_every_n_tokens = N > 0 (a multiple of 64; a Config::checkpoints variant), state_checkpoints
+//   [checkpoint_rows, HV, K, V] ([.., V, K] with transpose) in the state_dtype receives sequence n's state after every
+//   N of its tokens at rows checkpoint_cu_starts[n] ... (checkpoint_cu_starts [N + 1] int64: seq_len_n / N each).
 // The workspace (the route's regions and the kernels' global scratch) holds nothing between calls.
 // Loaded kernels belong to the context current when the Forward was made: make it current before gdn_forward.
 #pragma once
@@ -160,6 +163,11 @@ struct Tensors {
     CUdeviceptr A_log = 0, dt_bias = 0;  // [HV] fp32, with Options::gate_in_kernel (dt_bias optional)
     CUdeviceptr h0 = 0, ht = 0, state_indices = 0;
     CUdeviceptr o = 0;
+    // with Options::checkpoint_every_n_tokens: the buffer, its rows (none past them is written) and the rows where
+    // each sequence's checkpoints start
+    CUdeviceptr state_checkpoints = 0;
+    int64_t checkpoint_rows = 0;
+    CUdeviceptr checkpoint_cu_starts = 0;
 };
 
 struct Options {
@@ -168,6 +176,9 @@ struct Options {
     // fla's use_gate_in_kernel (g holds the raw a: g = -exp(A_log) softplus(a + dt_bias)) and
     // use_beta_sigmoid_in_kernel (beta holds the raw b: beta = sigmoid(b)); need a Config::gating variant
     bool gate_in_kernel = false, beta_sigmoid = false;
+    // the state after every this many tokens of each sequence into Tensors::state_checkpoints (0: none; a multiple of
+    // 64); needs a Config::checkpoints variant
+    int64_t checkpoint_every_n_tokens = 0;
 };
 
 // A kernel handle: loaded (one module in the context current at construction, unloaded on destruction), or, for
@@ -290,15 +301,20 @@ class Forward {
 // workspace: workspace_bytes(shape) bytes of device memory, GDN_AOT_WORKSPACE_ALIGN-aligned (cuMemAlloc's are).
 inline CUresult gdn_forward(const Forward &fwd, const Shape &s, const Tensors &t, const Options &opt,
                             CUdeviceptr workspace, size_t workspace_bytes, CUstream stream) {
-    const Variant &v = *fwd.selection().variants().front();
+    const Variant &v = *fwd.selection().variants().front();      // reads the gates: gdn_prepare or gdn_fused
+    const Variant &last = *fwd.selection().variants().back();    // writes the states: gdn_scan or gdn_fused
     if (s.K != v.K || s.V != v.V || s.varlen != v.varlen || (s.varlen && !t.cu_seqlens) || (t.state_indices && !t.h0) ||
-        (opt.gate_in_kernel && !t.A_log) || ((opt.gate_in_kernel || opt.beta_sigmoid) && !v.gating))
+        (opt.gate_in_kernel && !t.A_log) || ((opt.gate_in_kernel || opt.beta_sigmoid) && !v.gating) ||
+        (opt.checkpoint_every_n_tokens && !last.checkpoints))
         return CUDA_ERROR_INVALID_VALUE;
     gdn_aot_forward_args_t a = fwd.args(s);
     a.stream = stream;
     a.q = t.q, a.k = t.k, a.v = t.v, a.g = t.g, a.beta = t.beta, a.cu_seqlens = s.varlen ? t.cu_seqlens : 0;
     a.A_log = opt.gate_in_kernel ? t.A_log : 0, a.dt_bias = opt.gate_in_kernel ? t.dt_bias : 0;
     a.h0 = t.h0, a.ht = t.ht, a.state_indices = t.state_indices, a.o = t.o;
+    a.state_checkpoints = t.state_checkpoints, a.checkpoint_rows = t.checkpoint_rows;
+    a.checkpoint_cu_starts = t.checkpoint_cu_starts;
+    a.checkpoint_every_n_tokens = opt.checkpoint_every_n_tokens;
     a.workspace = workspace, a.workspace_bytes = workspace_bytes;
     a.scale = opt.scale != 0.0f ? opt.scale : static_cast<float>(std::pow(static_cast<double>(s.K), -0.5));
     a.options = (opt.l2norm ? GDN_AOT_FORWARD_L2NORM : 0) | (t.h0 ? GDN_AOT_FORWARD_HAS_H0 : 0) |
@@ -306,7 +322,7 @@ inline CUresult gdn_forward(const Forward &fwd, const Shape &s, const Tensors &t
                 (opt.gate_in_kernel ? GDN_AOT_FORWARD_GATE_IN_KERNEL : 0) |
                 (opt.gate_in_kernel && t.dt_bias ? GDN_AOT_FORWARD_GATE_BIAS : 0) |
                 (opt.beta_sigmoid ? GDN_AOT_FORWARD_BETA_SIGMOID : 0);
-    return gdn_aot_forward(&a);  // checks the sizes, the workspace's size and alignment, then launches the route
+    return gdn_aot_forward(&a);  // checks the sizes, the workspace, the checkpoints' N, then launches the route
 }
 
 }  // namespace gdn_aot

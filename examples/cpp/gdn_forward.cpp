@@ -2,8 +2,8 @@
 //
 // Asks the launcher's dispatch table which route and bf16 variants of an artifact directory serve the batch (the
 // choice gdn_aot.chunk_gated_delta_rule makes), fills inputs (deterministic, or raw files written by Python), runs
-// the forward on a stream, copies o and the final state back, prints checksums and optionally writes o and ht to
-// files. All device work goes through the generated launcher and its
+// the forward on a stream, copies o and the final state (and the state checkpoints) back, prints checksums and
+// optionally writes o and ht (and ckpt) to files. All device work goes through the generated launcher and its
 // driver table (gdn_aot_driver()), so the program needs only libcuda.so.1 at run time, which the launcher
 // dlopens: it does not link -lcuda.
 //
@@ -14,6 +14,7 @@
 // Run:
 //   ./gdn_forward artifacts/sm_90a                          # 3 sequences (100, 1, 300 tokens), H=2, HV=4
 //   ./gdn_forward artifacts/sm_90a --lens 4096,4096 --heads 16,32 --out /tmp/o
+//   ./gdn_forward artifacts/sm_90a --lens 4096,300 --checkpoint-every 1024 --out /tmp/o   # + the state every 1024
 //   ./gdn_forward artifacts/sm_90a --dry-run --sms 132      # the row, variants, grids, workspace; no GPU needed
 #include <cmath>
 #include <cstdio>
@@ -39,6 +40,8 @@ const char USAGE[] =
     "  --no-h0          start from a zero state\n"
     "  --seed N         seed of the generated inputs                       [1]\n"
     "  --inputs DIR     read q.bin k.bin v.bin (bf16) g.bin beta.bin [h0.bin] (fp32), raw row-major\n"
+    "  --checkpoint-every N  the state after every N tokens of each sequence (a multiple of 64; a variant with\n"
+    "                   checkpoints), rows in sequence order: ckpt.bin (fp32) with --out\n"
     "  --out DIR        write o.bin (bf16) and ht.bin (fp32) there\n"
     "  --device N       CUDA device ordinal                                [0]\n"
     "  --dry-run        print the dispatch row, variants, grids and workspace size; touch no GPU\n"
@@ -47,7 +50,7 @@ const char USAGE[] =
 struct Args {
     std::string dir, inputs, out;
     std::vector<int> lens{100, 1, 300};
-    int H = 2, HV = 4, K = 128, V = 128, sms = 0, device = 0;
+    int H = 2, HV = 4, K = 128, V = 128, sms = 0, device = 0, checkpoint_every = 0;
     unsigned seed = 1;
     bool transpose = false, l2norm = true, h0 = true, dry_run = false;
 };
@@ -97,6 +100,8 @@ Args parse(int argc, char **argv) {
             a.seed = static_cast<unsigned>(std::stoul(value()));
         } else if (opt == "--inputs") {
             a.inputs = value();
+        } else if (opt == "--checkpoint-every") {
+            a.checkpoint_every = std::stoi(value());
         } else if (opt == "--out") {
             a.out = value();
         } else if (opt == "--device") {
@@ -113,6 +118,8 @@ Args parse(int argc, char **argv) {
     for (int len : a.lens)
         if (len < 0) throw gdn_aot::Error("--lens: lengths must be >= 0");
     if (a.H <= 0 || a.HV % a.H) throw gdn_aot::Error("--heads: HV must be a multiple of H");
+    if (a.checkpoint_every < 0 || a.checkpoint_every % 64)
+        throw gdn_aot::Error("--checkpoint-every: a multiple of 64 (0: none)");
     if (a.dry_run && a.sms <= 0) throw gdn_aot::Error("--dry-run needs --sms N (the SM count of the target GPU)");
     return a;
 }
@@ -220,23 +227,34 @@ void print_selection(const gdn_aot::Selection &sel, const gdn_aot::Plan &plan) {
     std::printf("workspace_bytes: %zu\n", static_cast<size_t>(plan.workspace_bytes));
 }
 
-// checksums of o and ht; 0 when every value is finite
-int report(const Args &a, int rows, int N, const std::vector<uint16_t> &o, const std::vector<float> &ht) {
-    double o_sum = 0, o_abs = 0, h_sum = 0, h_abs = 0;
+// the sequences' first checkpoint rows: seq_len / N each (FlashInfer's checkpoint_cu_starts), int64
+std::vector<int64_t> checkpoint_starts(const std::vector<int> &lens, int every_n) {
+    std::vector<int64_t> starts(1, 0);
+    for (int len : lens) starts.push_back(starts.back() + (every_n ? len / every_n : 0));
+    return starts;
+}
+
+// checksums of o, ht and the checkpoints; 0 when every value is finite
+int report(const Args &a, int rows, int N, const std::vector<uint16_t> &o, const std::vector<float> &ht,
+           const std::vector<float> &ckpt) {
+    double o_sum = 0, o_abs = 0, h_sum = 0, h_abs = 0, c_sum = 0;
     size_t bad = 0;
     for (uint16_t e : o) {
         const double x = from_bf16(e);
         bad += !std::isfinite(x), o_sum += x, o_abs += std::fabs(x);
     }
     for (float e : ht) bad += !std::isfinite(e), h_sum += e, h_abs += std::fabs(e);
+    for (float e : ckpt) bad += !std::isfinite(e), c_sum += e;
     std::printf("rows %d, sequences %d, H %d, HV %d, l2norm %d, h0 %d\n", rows, N, a.H, a.HV, a.l2norm, a.h0);
     std::printf("checksum o: sum %.6e abs %.6e\nchecksum ht: sum %.6e abs %.6e\n", o_sum, o_abs, h_sum, h_abs);
+    if (a.checkpoint_every) std::printf("checkpoints: %zu states, sum %.6e\n", ckpt.size() / (a.HV * a.K * a.V), c_sum);
     if (!a.out.empty()) {
         write_raw(a.out + "/o.bin", o), write_raw(a.out + "/ht.bin", ht);
+        if (a.checkpoint_every) write_raw(a.out + "/ckpt.bin", ckpt);
         std::printf("wrote %s/o.bin and %s/ht.bin\n", a.out.c_str(), a.out.c_str());
     }
     if (bad) {
-        std::fprintf(stderr, "FAILED: %zu non-finite values in o / ht\n", bad);
+        std::fprintf(stderr, "FAILED: %zu non-finite values in o / ht / the checkpoints\n", bad);
         return 1;
     }
     std::printf("ok\n");
@@ -250,16 +268,22 @@ int run_on_device(const Args &a, const gdn_aot::ArtifactDir &dir, const gdn_aot:
     const int rows = cu.back(), N = static_cast<int>(cu.size()) - 1;
     const size_t nv = static_cast<size_t>(rows) * a.HV * a.V, nh = static_cast<size_t>(N) * a.HV * a.K * a.V;
     const HostInputs x = host_inputs(a, rows, N);
+    const std::vector<int64_t> starts = checkpoint_starts(a.lens, a.checkpoint_every);
+    const size_t nc = static_cast<size_t>(starts.back()) * a.HV * a.K * a.V;
     CUstream stream;
     gdn_aot::check(d->StreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
     const gdn_aot::Forward fwd(dir, sel);  // loads the route's cubins into the current context
     Buffer dq(d, x.q), dk(d, x.k), dv(d, x.v), dg(d, x.g), dbeta(d, x.beta), dcu(d, cu), dh0(d, x.h0);
-    Buffer dht(d, nh * 4), dout(d, nv * 2), work(d, fwd.workspace_bytes(shape));
+    Buffer dht(d, nh * 4), dout(d, nv * 2), work(d, fwd.workspace_bytes(shape)), dckpt(d, nc * 4), dstarts(d, starts);
     gdn_aot::Tensors t;
     t.q = dq.ptr, t.k = dk.ptr, t.v = dv.ptr, t.g = dg.ptr, t.beta = dbeta.ptr, t.cu_seqlens = dcu.ptr;
     t.h0 = dh0.ptr, t.ht = dht.ptr, t.o = dout.ptr;
     gdn_aot::Options opt;
     opt.l2norm = a.l2norm;
+    if (a.checkpoint_every) {
+        t.state_checkpoints = dckpt.ptr, t.checkpoint_rows = starts.back(), t.checkpoint_cu_starts = dstarts.ptr;
+        opt.checkpoint_every_n_tokens = a.checkpoint_every;
+    }
     gdn_aot::check(gdn_aot::gdn_forward(fwd, shape, t, opt, work.ptr, fwd.workspace_bytes(shape), stream),
                    "gdn_forward");
     gdn_aot::check(d->StreamSynchronize(stream), "cuStreamSynchronize (the forward's kernels)");
@@ -267,8 +291,10 @@ int run_on_device(const Args &a, const gdn_aot::ArtifactDir &dir, const gdn_aot:
     std::vector<float> ht(nh);
     if (nv) gdn_aot::check(d->MemcpyDtoH(o.data(), dout.ptr, nv * 2), "cuMemcpyDtoH(o)");
     if (nh) gdn_aot::check(d->MemcpyDtoH(ht.data(), dht.ptr, nh * 4), "cuMemcpyDtoH(ht)");
+    std::vector<float> ckpt(nc);
+    if (nc) gdn_aot::check(d->MemcpyDtoH(ckpt.data(), dckpt.ptr, nc * 4), "cuMemcpyDtoH(checkpoints)");
     d->StreamDestroy(stream);
-    return report(a, rows, N, o, ht);
+    return report(a, rows, N, o, ht, ckpt);
 }
 
 int run(const Args &a) {
@@ -277,7 +303,7 @@ int run(const Args &a) {
     for (int len : a.lens) cu.push_back(cu.back() + len);
     const gdn_aot::Shape shape =
         gdn_aot::Shape::packed(cu.back(), static_cast<int32_t>(a.lens.size()), a.H, a.HV, a.K, a.V);
-    const gdn_aot::Config config{"bf16", a.K, a.V, true, a.transpose};
+    const gdn_aot::Config config{"bf16", a.K, a.V, true, a.transpose, "fp32", false, a.checkpoint_every > 0};
     if (a.dry_run) {
         const gdn_aot::Selection sel = gdn_aot::Selection::select(dir, config, shape.programs(), a.sms);
         print_selection(sel, sel.plan(shape));
