@@ -84,9 +84,10 @@ def launch(kernel, q, k, v, g, beta, cu, h0, o, ht):
     abi = importlib.import_module("gdn_fused.kernels")  # the flag bits, from the copy of the checkout
     T, H, HV = q.shape[1], q.shape[2], v.shape[2]
     flags = abi.FUSED_L2NORM | abi.FUSED_HAS_H0 | abi.FUSED_STORE_HT
-    kernel[(len(cu) - 1, HV, 1)](q, k, v, g, beta, g, g, cu, h0, ht, cu, o, K ** -0.5, T, H, HV, flags, K=K, V=V,
-                                 BT=64, IS_VARLEN=True, TRANSPOSE_STATE=False, GATING=False, num_warps=8,
-                                 maxnreg=128)  # g, g: the A_log, dt_bias a GATING=False kernel never reads
+    # g, g: the A_log, dt_bias a GATING=False kernel never reads; ht, 0, cu, 0: no checkpoints
+    kernel[(len(cu) - 1, HV, 1)](q, k, v, g, beta, g, g, cu, h0, ht, cu, o, K ** -0.5, T, H, HV, flags, ht, 0, cu, 0,
+                                 K=K, V=V, BT=64, IS_VARLEN=True, TRANSPOSE_STATE=False, GATING=False,
+                                 CHECKPOINTS=False, num_warps=8, maxnreg=128)
 
 
 def check(kernel):

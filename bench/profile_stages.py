@@ -61,6 +61,7 @@ def profile(case: str, reps: int):
             lambda: scan.launch(grid, stream, q.data_ptr(), k.data_ptr(), w.data_ptr(), u.data_ptr(),
                                 gam.data_ptr(), qg.data_ptr(), kg.data_ptr(), cu.data_ptr(), h0.data_ptr(),
                                 ht.data_ptr(), 0, o.data_ptr(), K ** -0.5, T, H, HV, SCAN_HAS_H0 | SCAN_STORE_HT,
+                                0, 0, 0, 0,  # no checkpoints
                                 scratch_ptr=scratch.data_ptr()), reps)))
     flop = FLOP_PER_TOKEN_HEAD * T * HV
     for name, (med, mn) in rows:
