@@ -220,23 +220,13 @@ def chunk_gates(gates, gam, qg, kg, i_hv, start, n_rows, HV, log_rq, log_rk, col
 
 
 @gluon.jit
-def round_to_tf32(x):
-    """x (fp32) as a tf32 MMA operand rounded to nearest (ties away from zero): the MMA reads an fp32 operand
-    truncated to tf32's 10 mantissa bits, which biases every product the same way, so half of the dropped 13
-    bits' range is added first (one integer add; a carry into the exponent is the correct rounding)."""
-    return (x.to(gl.int32, bitcast=True) + 0x1000).to(gl.float32, bitcast=True)
-
-
-@gluon.jit
 def diagonal_block_inverses(A, BLOCK: gl.constexpr):
     """(I + A_bb)^-1 for the BT / BLOCK diagonal [BLOCK, BLOCK] blocks of strictly lower-triangular A [BT, BT],
     returned as the block-diagonal [BT, BT] matrix in A's layout.
 
     The blocks go to a [BT / BLOCK, BLOCK, BLOCK] batch, one block a warp (the warp whose wgmma rows they are),
     and are inverted there by repeated squaring on warp-level tf32 MMAs (mma.sync m16n8k8): a quarter of the
-    work of squaring the whole [BT, BT] matrix, and no CTA barrier. Their operands are rounded to tf32 first
-    (round_to_tf32): the series cancels terms up to ~30x the result when keys are correlated and the gates do not
-    decay, and the tensor core's truncation of fp32 operands would leave a bias that the state then accumulates.
+    work of squaring the whole [BT, BT] matrix, and no CTA barrier.
     """
     BT: gl.constexpr = A.shape[0]
     NB: gl.constexpr = BT // BLOCK
@@ -254,12 +244,12 @@ def diagonal_block_inverses(A, BLOCK: gl.constexpr):
     bi = gl.arange(0, BLOCK, gl.SliceLayout(0, gl.SliceLayout(2, batch_mma)))
     bj = gl.arange(0, BLOCK, gl.SliceLayout(0, gl.SliceLayout(1, batch_mma)))
     eye = gl.where(gl.expand_dims(gl.expand_dims(bi, 0), 2) == gl.expand_dims(gl.expand_dims(bj, 0), 1), 1.0, 0.0)
-    power = round_to_tf32(-gl.convert_layout(blocks, batch_mma))  # only ever an operand
+    power = -gl.convert_layout(blocks, batch_mma)
     inverse = eye + power
     for _ in gl.static_range(squaring_rounds(BLOCK)):
-        power = round_to_tf32(mma_v2(gl.convert_layout(power, a_op), gl.convert_layout(power, b_op),
-                                     gl.zeros_like(power), input_precision="tf32"))
-        inverse = mma_v2(gl.convert_layout(round_to_tf32(inverse), a_op), gl.convert_layout(power, b_op), inverse,
+        power = mma_v2(gl.convert_layout(power, a_op), gl.convert_layout(power, b_op), gl.zeros_like(power),
+                       input_precision="tf32")
+        inverse = mma_v2(gl.convert_layout(inverse, a_op), gl.convert_layout(power, b_op), inverse,
                          input_precision="tf32")
 
     # back to [BT, BT]: every block repeated along its block row, then the off-diagonal copies masked out
