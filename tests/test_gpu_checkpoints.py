@@ -10,7 +10,7 @@ token recurrence's states after every N tokens (tests/reference.py; the fp32 chu
 - sequences shorter than N, exact multiples of N, empty ones; N = 64, 128, 192; an initial state, a state pool
   (slot -1 included: checkpoints follow the sequences, not the slots); int32 and int64 checkpoint_cu_starts;
   validate=True; every dispatch row of the configuration (so every gdn_scan variant with checkpoints); malformed
-  starts write nothing outside the buffer; CUDA-graph capture; the torch custom op.
+  starts write nothing outside the buffer; CUDA-graph capture.
 Both routes: the default artifacts run gdn_prepare + gdn_scan; with GDN_AOT_ARTIFACTS pointing at a build of
 specs/fused-preview.yaml the same tests run gdn_fused.
 """
@@ -209,18 +209,3 @@ def test_cuda_graph_capture_and_replay():
     torch.cuda.synchronize()
     _, _, ref_ckpt = reference_outputs(q, k, v, g, beta, cu.tolist(), None, True, checkpoint_every=every_n)
     check_checkpoints("graph replay", buffer, False, ref_ckpt)
-
-
-def test_torch_op_writes_the_checkpoints():
-    import gdn_aot.loader.torch_op  # noqa: F401  (registers the op)
-
-    lens, every_n, HV = [130, 64], 64, 4
-    q, k, v, g, beta, cu = make_inputs(lens, 2, HV, torch.bfloat16, seed=8)
-    starts = checkpoint_starts(lens, every_n)
-    buffer = checkpoint_buffer(int(starts[-1]), HV, False)
-    torch.ops.gdn_aot.chunk_gated_delta_rule(q, k, v, g, beta, None, None, False, True, cu, False,
-                                             state_checkpoints=buffer, checkpoint_cu_starts=starts,
-                                             checkpoint_every_n_tokens=every_n)
-    torch.cuda.synchronize()
-    _, _, ref_ckpt = reference_outputs(q, k, v, g, beta, cu.tolist(), None, True, checkpoint_every=every_n)
-    check_checkpoints("torch op", buffer, False, ref_ckpt)

@@ -31,20 +31,3 @@ def test_fake_final_state_is_fp32_whatever_the_initial_state():
         h0 = torch.empty(1, 4, 128, 128, device="meta", dtype=dtype)
         _, ht = op(q, q, v, g, g, None, h0, True, True, None, False)
         assert ht.dtype == torch.float32 and ht.shape == (1, 4, 128, 128)
-
-
-def test_checkpoint_buffer_is_a_mutated_argument():
-    """The op takes the checkpoint arguments; state_checkpoints is declared mutated (written in place), so
-    torch.compile orders it after the call."""
-    op = torch.ops.gdn_aot.chunk_gated_delta_rule
-    assert [a.name for a in op.default._schema.arguments if a.alias_info and a.alias_info.is_write] == [
-        "state_checkpoints"]
-    q = torch.empty(1, 300, 16, 128, device="meta", dtype=torch.bfloat16)
-    v = torch.empty(1, 300, 32, 128, device="meta", dtype=torch.bfloat16)
-    g = torch.empty(1, 300, 32, device="meta")
-    cu = torch.empty(4, device="meta", dtype=torch.int32)
-    buffer = torch.empty(5, 32, 128, 128, device="meta")
-    starts = torch.empty(4, device="meta", dtype=torch.int64)
-    o, ht = op(q, q, v, g, g, None, None, True, True, cu, False, state_checkpoints=buffer,
-               checkpoint_cu_starts=starts, checkpoint_every_n_tokens=64)
-    assert o.shape == v.shape and ht.shape == (3, 32, 128, 128)
