@@ -133,7 +133,7 @@ def _serve_value_head(i_hv, j, v_phase, k_smem, v_smem, a_smem, bt_smem, row_vec
     # --- gates: gam = cumsum(g) and the log row scalings for gdn_scan (layouts of the TMEM register tiles).
     rows_l: gl.constexpr = gl.SliceLayout(1, reg_tt)
     cols_l: gl.constexpr = gl.SliceLayout(0, reg_tt)
-    gam_rows, gam_cols, beta_rows = chunk_gates(gates, gam, qg, kg, i_hv, start, n_rows, HV,
+    gam_rows, gam_cols, beta_rows = chunk_gates(gates.g, gates.beta, gates, gam, qg, kg, i_hv, start, n_rows, HV,
                                                 row_vecs.index(0).load(rows_l), row_vecs.index(1).load(rows_l),
                                                 cols_l)
     decay = causal_decay_bitmask(gam_rows, gam_cols, n_rows, STRICT=True)

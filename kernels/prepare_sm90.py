@@ -83,8 +83,9 @@ def _store_rows(ptr, x, row0, n_rows, row_stride, layout: gl.constexpr):
 
 
 @gluon.jit
-def _serve_value_head(i_hv, k_smem, v, v_smem, tf32_smem, log_rq, log_rk, gates, w, u, gam, qg, kg, start,
-                      n_rows, HV, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr):
+def _serve_value_head(i_hv, k_smem, v, v_smem, tf32_smem, log_rq, log_rk, g, beta, A_log, dt_bias, flags, w, u, gam,
+                      qg, kg, start, n_rows, HV, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
+                      GATING: gl.constexpr):
     """Steps 1-3 of docs/algorithm.md for value head i_hv of the chunk, from the key head's k in k_smem."""
     dtype: gl.constexpr = v.dtype.element_ty
     num_warps: gl.constexpr = gl.num_warps()
@@ -103,9 +104,11 @@ def _serve_value_head(i_hv, k_smem, v, v_smem, tf32_smem, log_rq, log_rk, gates,
     async_copy.commit_group()
 
     # --- gates: gam = cumsum(g) and the log row scalings for gdn_scan; beta also as columns for Tw, Tu.
-    gam_rows, gam_cols, beta_rows = chunk_gates(gates, gam, qg, kg, i_hv, start, n_rows, HV, log_rq, log_rk,
-                                                gl.SliceLayout(0, mma_tt))
-    beta_cols = gates.betas((start + c).to(gl.int64) * HV + i_hv, c < n_rows)
+    gates = GateSource.make(g, beta, A_log, dt_bias, i_hv, flags, GATING, PREPARE_GATE_IN_KERNEL)
+    gam_rows, gam_cols, beta_rows = chunk_gates(g, beta, gates, gam, qg, kg, i_hv, start, n_rows, HV, log_rq,
+                                                log_rk, gl.SliceLayout(0, mma_tt))
+    beta_cols = gates.beta_of(gl.load(beta + (start + c).to(gl.int64) * HV + i_hv, mask=c < n_rows, other=0.0),
+                              c < n_rows)
 
     # --- A = beta_i (k k^T)_ij exp(gam_i - gam_j), strictly lower; Tc = (I + A)^-1 in tf32.
     kkt = warpgroup_mma(k_smem, k_smem.permute((1, 0)), gl.zeros([BT, BT], gl.float32, mma_tt),
@@ -162,7 +165,6 @@ def prepare_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, w, u, gam, qg, 
         f32_tt: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], gl.float32)
         tf32_smem = gl.allocate_shared_memory(gl.float32, [2, BT, BT], f32_tt)
         for j in range(group):
-            i_hv = i_h * group + j
-            gates = GateSource.make(g, beta, A_log, dt_bias, i_hv, flags, GATING, PREPARE_GATE_IN_KERNEL)
-            _serve_value_head(i_hv, k_smem, v, v_smem, tf32_smem, log_rq, log_rk, gates, w, u,
-                              gam, qg, kg, loop_variant(start, j), loop_variant(n_rows, j), HV, K, V, BT)
+            _serve_value_head(i_h * group + j, k_smem, v, v_smem, tf32_smem, log_rq, log_rk, g, beta, A_log, dt_bias,
+                              flags, w, u, gam, qg, kg, loop_variant(start, j), loop_variant(n_rows, j), HV, K, V,
+                              BT, GATING)
