@@ -1000,14 +1000,7 @@ def main(argv=None):
                                                warmup_rounds=warmup, rotate_below_bytes=ROTATE_BELOW)),
                    cases=[], host={}, fresh={})
     save = lambda: write_json(out, results)  # noqa: E731
-    for case in cases:
-        try:
-            results["cases"].append(bench_case(case, systems, reps, graph_reps, warmup))
-        except Exception as e:
-            log(f"  {case.name}: FAILED {err_str(e)}")
-        torch.cuda.empty_cache()
-        log(f"  [{time.perf_counter() - start:.0f} s elapsed]")
-        save()
+    bench_cases(results, cases, systems, reps, graph_reps, warmup, start, save)
     if not args.no_extras:
         for name, s in systems.items():
             try:
@@ -1048,17 +1041,23 @@ def main(argv=None):
     return 0
 
 
-def run_state_dtypes(systems, cases, reps, graph_reps, warmup, out, start):
-    """--state-dtypes: each case with every state dtype (bench_case: fp32 is "gdn_aot", the others its peers)."""
-    results = dict(meta=metadata(systems, dict(mode="state-dtypes", eager_reps=reps, graph_reps=graph_reps,
-                                               warmup_rounds=warmup, rotate_below_bytes=ROTATE_BELOW)), cases=[])
+def bench_cases(results, cases, systems, reps, graph_reps, warmup, start, save):
+    """Each case into results["cases"] (a failure logged and skipped), saving after each."""
     for case in cases:
         try:
             results["cases"].append(bench_case(case, systems, reps, graph_reps, warmup))
         except Exception as e:
             log(f"  {case.name}: FAILED {err_str(e)}")
         torch.cuda.empty_cache()
-        write_json(out, results)
+        log(f"  [{time.perf_counter() - start:.0f} s elapsed]")
+        save()
+
+
+def run_state_dtypes(systems, cases, reps, graph_reps, warmup, out, start):
+    """--state-dtypes: each case with every state dtype (bench_case: fp32 is "gdn_aot", the others its peers)."""
+    results = dict(meta=metadata(systems, dict(mode="state-dtypes", eager_reps=reps, graph_reps=graph_reps,
+                                               warmup_rounds=warmup, rotate_below_bytes=ROTATE_BELOW)), cases=[])
+    bench_cases(results, cases, systems, reps, graph_reps, warmup, start, lambda: write_json(out, results))
     results["meta"]["total_s"] = time.perf_counter() - start
     write_json(out, results)
     log("\n## gdn_aot with the initial and final state stored in each dtype (H=16, K=V=128, bf16 inputs, varlen, "
