@@ -95,12 +95,13 @@ def chunk_gated_delta_rule(
 
     State checkpoints for a prefix cache (FlashInfer's prefill convention): with checkpoint_every_n_tokens = N > 0
     (a multiple of 64), the state after every N tokens of each sequence is written into state_checkpoints
-    [rows, HV, K, V] ([rows, HV, V, K] with transpose_state; fp32, contiguous): sequence i's checkpoints are rows
-    checkpoint_cu_starts[i] .. checkpoint_cu_starts[i + 1] - 1 (checkpoint_cu_starts: [N_seqs + 1] int64 or int32,
-    on the GPU; sequence i has seq_len_i // N of them), row checkpoint_cu_starts[i] + j holding the state after
-    (j + 1) N tokens, so a sequence whose length is a multiple of N ends on its final state. Checkpoints belong to
-    sequences, not to state_indices' slots. validate=True also checks checkpoint_cu_starts' values (one more
-    device-to-host copy). Needs artifacts built with the `checkpoints` axis (specs/qwen35.yaml: varlen batches).
+    [rows, HV, K, V] ([rows, HV, V, K] with transpose_state; contiguous, in the call's state dtype): sequence i's
+    checkpoints are rows checkpoint_cu_starts[i] .. checkpoint_cu_starts[i + 1] - 1 (checkpoint_cu_starts:
+    [N_seqs + 1] int64 or int32, on the GPU; sequence i has seq_len_i // N of them), row checkpoint_cu_starts[i] + j
+    holding the state after (j + 1) N tokens, so a sequence whose length is a multiple of N ends on its final
+    state. Checkpoints belong to sequences, not to state_indices' slots. validate=True also checks
+    checkpoint_cu_starts' values (one more device-to-host copy). Needs artifacts built with the `checkpoints` axis
+    (specs/qwen35.yaml: varlen batches).
 
     Raises TypeError/ValueError naming the bad argument; RuntimeError when an input requires grad under grad
     mode (there is no backward: call it under torch.no_grad() / torch.inference_mode(), or detach the inputs);
