@@ -229,13 +229,33 @@ def chunk_gates(g, beta, gates, gam, qg, kg, i_hv, start, n_rows, HV, log_rq, lo
 
 
 @gluon.jit
+def _tf32_split(x):
+    """x = hi + lo, hi x's leading 19 bits (what a tf32 tensor-core operand keeps), lo the exact rest."""
+    hi = (x.to(gl.int32, bitcast=True) & -8192).to(gl.float32, bitcast=True)
+    return hi, x - hi
+
+
+@gluon.jit
+def _mma_tf32x3(a, b, acc):
+    """acc + a @ b on warp-level tf32 MMAs to about fp32 accuracy: a_hi b_hi + a_hi b_lo + a_lo b_hi, the small
+    products first (triton's tf32x3, which Gluon's mma_v2 does not offer)."""
+    a_hi, a_lo = _tf32_split(gl.convert_layout(a, gl.DotOperandLayout(0, acc.type.layout, 1)))
+    b_hi, b_lo = _tf32_split(gl.convert_layout(b, gl.DotOperandLayout(1, acc.type.layout, 1)))
+    acc = mma_v2(a_lo, b_hi, acc, input_precision="tf32")
+    acc = mma_v2(a_hi, b_lo, acc, input_precision="tf32")
+    return mma_v2(a_hi, b_hi, acc, input_precision="tf32")
+
+
+@gluon.jit
 def diagonal_block_inverses(A, BLOCK: gl.constexpr):
     """(I + A_bb)^-1 for the BT / BLOCK diagonal [BLOCK, BLOCK] blocks of strictly lower-triangular A [BT, BT],
     returned as the block-diagonal [BT, BT] matrix in A's layout.
 
     The blocks go to a [BT / BLOCK, BLOCK, BLOCK] batch, one block a warp (the warp whose wgmma rows they are),
     and are inverted there by repeated squaring on warp-level tf32 MMAs (mma.sync m16n8k8): a quarter of the
-    work of squaring the whole [BT, BT] matrix, and no CTA barrier.
+    work of squaring the whole [BT, BT] matrix, and no CTA barrier. Each product is split into three tf32 ones
+    (_mma_tf32x3): when the gates hardly decay and the keys are alike, the powers of a block grow to ~10 while
+    the inverse's entries stay below 1, and one tf32 rounding of the powers left errors of ~4e-2 in the inverse.
     """
     BT: gl.constexpr = A.shape[0]
     NB: gl.constexpr = BT // BLOCK
@@ -248,18 +268,14 @@ def diagonal_block_inverses(A, BLOCK: gl.constexpr):
 
     batch_mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NB, 1, 1],
                                                         instr_shape=[1, 16, 8])
-    a_op: gl.constexpr = gl.DotOperandLayout(0, batch_mma, 1)
-    b_op: gl.constexpr = gl.DotOperandLayout(1, batch_mma, 1)
     bi = gl.arange(0, BLOCK, gl.SliceLayout(0, gl.SliceLayout(2, batch_mma)))
     bj = gl.arange(0, BLOCK, gl.SliceLayout(0, gl.SliceLayout(1, batch_mma)))
     eye = gl.where(gl.expand_dims(gl.expand_dims(bi, 0), 2) == gl.expand_dims(gl.expand_dims(bj, 0), 1), 1.0, 0.0)
     power = -gl.convert_layout(blocks, batch_mma)
     inverse = eye + power
     for _ in gl.static_range(squaring_rounds(BLOCK)):
-        power = mma_v2(gl.convert_layout(power, a_op), gl.convert_layout(power, b_op), gl.zeros_like(power),
-                       input_precision="tf32")
-        inverse = mma_v2(gl.convert_layout(inverse, a_op), gl.convert_layout(power, b_op), inverse,
-                         input_precision="tf32")
+        power = _mma_tf32x3(power, power, gl.zeros_like(power))
+        inverse = _mma_tf32x3(inverse, power, inverse)
 
     # back to [BT, BT]: every block repeated along its block row, then the off-diagonal copies masked out
     rows4: gl.constexpr = gl.BlockedLayout([1, 2, NB, 4], [1, 8, 1, 4], [NB, 1, 1, 1], [3, 2, 1, 0])

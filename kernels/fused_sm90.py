@@ -24,7 +24,8 @@ Partitions, 16 warps (registers a thread by setmaxnreg; the kernel is compiled a
   * aux, one warpgroup, AUX_REGS: what a chunk needs that does not depend on the state, up to NUM_SLOTS chunks
     ahead of it: k k^T and q k^T on wgmma (rk is the diagonal of k k^T), the decay matrix, P, the row scalings,
     and Tc by the blocked inverse: ten fp16 wgmma whose A operands are registers (the accumulator's own,
-    converted in place) or a staged tile, their B operands staged fp16 tiles. Its products run one at a time:
+    converted in place) or a staged tile, their B operands staged fp16 tiles, and two products with the identity
+    tile for its identity terms (no diagonal mask, no tile read back into registers). Its products run one at a time:
     two in flight need more registers than the partition has, and ptxas then serialises every wgmma of the
     kernel (C7512);
   * load, LOAD_WARPS warps at 24 registers: TMA of the q, k, v tiles through per-sequence descriptors whose row
@@ -36,8 +37,8 @@ Partitions, 16 warps (registers a thread by setmaxnreg; the kernel is compiled a
 Rings (InputRing, GateRing, TermRing below; each slot a ready and an empty mbarrier, SlotBarriers): the inputs
 (load -> aux and state), the gates (load -> aux; the aux partition adds rk) and the chunk terms (aux -> state,
 and rq, load -> state).
-Shared memory (210 KB of the 227 KB a CTA may have): inputs 2 x 48 KB, terms 2 x 25 KB, the inverse's five fp16
-tiles 40 KB, o staging 16 KB; one program an SM.
+Shared memory (218 KB of the 227 KB a CTA may have): inputs 2 x 48 KB, terms 2 x 25 KB, the inverse's six fp16
+tiles 48 KB (one the identity), o staging 16 KB; one program an SM.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -70,6 +71,9 @@ V_SCALE = gl.constexpr(2)
 O_SCALE = gl.constexpr(3)
 STATE_SCALE = gl.constexpr(4)  # e^gl in every entry
 SCALINGS = gl.constexpr(5)
+# the inverse's fp16 tiles: -Lb, -L, two power/scratch tiles, D^-1, and the identity (EYE_TILE, written once)
+INVERSE_TILES = gl.constexpr(6)
+EYE_TILE = gl.constexpr(5)
 
 
 @aggregate
@@ -314,6 +318,17 @@ def chunk_decay(gates, c, gam_r, i, j, n_rows, cols: gl.constexpr):
 
 
 @gluon.jit
+def _live_chunk_decay(gates, c, gam_r, i, j, n_rows, cols: gl.constexpr):
+    """chunk_decay, with the live-row bound folded into the rows' exponents (gam_t = -inf for t >= n_rows: two
+    values a thread) instead of a second mask over the whole tile: one masked pass, the causal one."""
+    slot = c % NUM_SLOTS
+    r = gl.arange(0, gam_r.shape[0], gam_r.type.layout)
+    gam_t = gl.where(r < n_rows, gam_r, -float("inf"))
+    exponent = gl.expand_dims(gam_t, 1) - gl.expand_dims(gates.gam.index(slot).load(cols), 0)
+    return gl.exp2(gl.where(i >= j, exponent, -float("inf"))) * gl.expand_dims(gates.rk.index(slot).load(cols), 0)
+
+
+@gluon.jit
 def publish_inverse(terms, c, tc, dtype: gl.constexpr):
     """Tv = Tc diag(beta) and Tk = -Tc diag(beta e^gam rk) of chunk c into the terms ring (the column scalings
     from the chunk's BETA and K_SCALE rows, which publish_row_scalings wrote)."""
@@ -336,23 +351,27 @@ def _stage(tile, x):
 def _product(a, b_tile, acc, use_acc: gl.constexpr):
     """acc (+)= a b on the tensor cores, issued asynchronously: a fp32 in the accumulator layout, passed as the fp16
     register A operand (the same registers, no shuffle), b the staged fp16 tile [K, N]."""
-    a_op: gl.constexpr = gl.DotOperandLayout(0, acc.type.layout, 2)
+    a_op: gl.constexpr = gl.DotOperandLayout(0, a.type.layout, 2)  # acc may be a product still in flight
     return warpgroup_mma(gl.convert_layout(a.to(gl.float16), a_op), b_tile, acc, use_acc=use_acc, is_async=True)
 
 
 @gluon.jit
-def _unit_lower_inverse(lb_tile, l_tile, even_tile, odd_tile, d_tile, diagonal, zero):
+def _unit_lower_inverse(lb_tile, l_tile, even_tile, odd_tile, d_tile, eye_tile, zero):
     """(I + A)^-1 for strictly lower-triangular A [BT, BT] (BT = 64), blocked by 16 (docs/algorithm.md): I + A =
     D (I + N) with D = I + Lb, Lb the diagonal 16 x 16 blocks of A and L the rest, N = D^-1 L, N^4 = 0.
-    lb_tile and l_tile hold Lb and L (fp16, staged); `diagonal` is the mask i == j in the accumulator layout.
+    lb_tile and l_tile hold -Lb and -L (fp16, staged: the negated A), eye_tile the identity (fp16, written once).
     Ten fp16 wgmma (fp16 has tf32's 10-bit mantissa; the entries stay far inside its range: |Lb^8| <= C(14, 7) = 3432
     for |A| <= 1: unit keys, beta <= 1), accumulation in fp32, one at a time:
         D^-1 = (I - Lb)(I + Lb^2)(I + Lb^4)(I + Lb^8)      (Lb^16 = 0)
-        N = D^-1 L;  W = (I - N) D^-1;  Tc = W + N^2 W
-    A power times itself reads both operands from its staged tile. A tile is rewritten at least two stages after
-    its last read, so the barrier of the stage in between orders every warp's wgmma wait before the store."""
-    lb = lb_tile.load(zero.type.layout).to(gl.float32)
-    d_inv = gl.where(diagonal, 1.0, -lb)
+        N' = D^-1 (-L) = -N;  W = (I + N') D^-1;  Tc = W + N'^2 W
+    The identity terms (I - Lb, and W's I D^-1) are products with eye_tile on the tensor cores, in the same
+    accumulation as the product beside them: no mask of the diagonal, no tile read back into registers, and
+    the same values as adding them on the CUDA cores (a product with I is exact). A power times itself reads both
+    operands from its staged tile. A tile is rewritten at least two stages after its last read, so the barrier of
+    the stage in between orders every warp's wgmma wait before the store."""
+    d_inv = warpgroup_mma(eye_tile, eye_tile, zero, use_acc=False, is_async=True)
+    d_inv = warpgroup_mma(lb_tile, eye_tile, d_inv, is_async=True)  # I - Lb
+    d_inv = warpgroup_mma_wait(0, deps=[d_inv])
     power = warpgroup_mma(lb_tile, lb_tile, zero, use_acc=False, is_async=True)
     power = warpgroup_mma_wait(0, deps=[power])
     for r in gl.static_range(3):  # power = Lb^(2^(r+1))
@@ -367,12 +386,13 @@ def _unit_lower_inverse(lb_tile, l_tile, even_tile, odd_tile, d_tile, diagonal, 
             power = warpgroup_mma(tile, tile, zero, use_acc=False, is_async=True)
             power = warpgroup_mma_wait(0, deps=[power])
     _stage(d_tile, d_inv)
-    n = warpgroup_mma(d_tile, l_tile, zero, use_acc=False, is_async=True)
+    n = warpgroup_mma(d_tile, l_tile, zero, use_acc=False, is_async=True)  # N' = -N
     n = warpgroup_mma_wait(0, deps=[n])
     _stage(even_tile, n)
     n2 = warpgroup_mma(even_tile, even_tile, zero, use_acc=False, is_async=True)
     n2 = warpgroup_mma_wait(0, deps=[n2])
-    w = _product(gl.where(diagonal, 1.0 - n, -n), d_tile, zero, use_acc=False)
+    w = warpgroup_mma(eye_tile, d_tile, zero, use_acc=False, is_async=True)
+    w = _product(n, d_tile, w, use_acc=True)  # D^-1 + N' D^-1
     w = warpgroup_mma_wait(0, deps=[w])
     _stage(odd_tile, w)
     tc = _product(n2, odd_tile, w, use_acc=True)
@@ -401,14 +421,24 @@ def _aux_partition(inputs, gates, terms, inverse_tiles, q_desc, k_desc, v_desc, 
     acc_tt: gl.constexpr = wgmma_layout(BT, BT, 4)
     rows: gl.constexpr = gl.SliceLayout(1, acc_tt)
     cols: gl.constexpr = gl.SliceLayout(0, acc_tt)
-    i = gl.expand_dims(gl.arange(0, BT, rows), 1)
-    j = gl.expand_dims(gl.arange(0, BT, cols), 0)
+    i0 = gl.expand_dims(gl.arange(0, BT, rows), 1)
+    j0 = gl.expand_dims(gl.arange(0, BT, cols), 0)
     zero = gl.zeros([BT, BT], gl.float32, acc_tt)
+    # the identity, once: the inverse's identity terms are products with it (_unit_lower_inverse)
+    eye_tile = inverse_tiles.index(EYE_TILE)
+    eye_tile.store(gl.where(i0 == j0, 1.0, 0.0).to(gl.float16))
+    fence_async_shared()
+    gl.thread_barrier()
     for c in range(gl.cdiv(seq_len, BT)):
         slot = c % NUM_SLOTS
         inputs.bars.wait_ready(c)
         q_s = inputs.q.index(slot)
         k_s = inputs.k.index(slot)
+        # the row indices as values of this chunk (two a thread): hoisted out of the loop, the masks were packed
+        # into predicate bit registers (set and tested bit by bit); derived here, each compare is one ISETP beside
+        # its select (the column indices too would need 16 registers more: ptxas then serialises the wgmma)
+        i = loop_variant(i0, c)
+        j = j0
         # --- k k^T, and the inverse norms of the k rows from its diagonal
         kk = warpgroup_mma(k_s, k_s.permute((1, 0)), zero, use_acc=False, is_async=True)
         gates.bars.wait_ready(c)
@@ -419,14 +449,18 @@ def _aux_partition(inputs, gates, terms, inverse_tiles, q_desc, k_desc, v_desc, 
         terms.bars.wait_empty(c)
         gam_r = gates.gam.index(slot).load(rows)
         a_rows = publish_row_scalings(terms, gates, c, gam_r, seq_len, scale, rows)
-        decay = chunk_decay(gates, c, gam_r, i, j, seq_len - c * BT, cols)
+        decay = _live_chunk_decay(gates, c, gam_r, i, j, seq_len - c * BT, cols)
         gates.bars.release(c)
-        a = gl.where(i > j, kk * decay * gl.expand_dims(a_rows, 1), 0.0)
+        # -A: the inverse's tiles hold the negated blocks (_unit_lower_inverse)
+        a = gl.where(i > j, kk * decay * gl.expand_dims(-a_rows, 1), 0.0)
         in_block = (i // 16) == (j // 16)
         lb_tile = inverse_tiles.index(loop_variant(0, c))
         l_tile = inverse_tiles.index(loop_variant(1, c))
-        lb_tile.store(gl.where(in_block, a, 0.0).to(gl.float16))
-        l_tile.store(gl.where(in_block, 0.0, a).to(gl.float16))
+        # the split in fp32, L as the exact difference (one of the two terms is 0): one masked pass, and no
+        # select of fp16 halves
+        lb = gl.where(in_block, a, 0.0)
+        lb_tile.store(lb.to(gl.float16))
+        l_tile.store((a - lb).to(gl.float16))
         qk = warpgroup_mma(q_s, k_s.permute((1, 0)), zero, use_acc=False)
         inputs.bars.release(c)
         terms.p.index(slot).store((qk * decay * scale).to(dtype))
@@ -435,7 +469,7 @@ def _aux_partition(inputs, gates, terms, inverse_tiles, q_desc, k_desc, v_desc, 
 
         tc = _unit_lower_inverse(lb_tile, l_tile, inverse_tiles.index(loop_variant(2, c)),
                                  inverse_tiles.index(loop_variant(3, c)), inverse_tiles.index(loop_variant(4, c)),
-                                 i == j, zero)
+                                 eye_tile, zero)
         publish_inverse(terms, c, tc, dtype)
         fence_async_shared()
         terms.bars.publish(c)
@@ -575,9 +609,9 @@ def fused_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0, ht, state_ind
     gate_source = GateSource.make(g + i_hv, beta + i_hv, A_log, dt_bias, i_hv, flags, GATING, GATE_IN_KERNEL)
     q_desc, k_desc, v_desc, o_desc, gate_source = head_tiles(q, k, v, o, gate_source, bos, seq_len, i_h, i_hv, H,
                                                              HV, K, V, BT)
-    # --- shared memory: the three rings, the inverse's fp32 operand tiles, the output staging tile
+    # --- shared memory: the three rings, the inverse's fp16 operand tiles, the output staging tile
     inputs, gates, terms = chunk_rings(q_desc, k_desc, v_desc)
-    inverse_tiles = gl.allocate_shared_memory(gl.float16, [5, BT, BT],
+    inverse_tiles = gl.allocate_shared_memory(gl.float16, [INVERSE_TILES, BT, BT],
                                               gl.NVMMASharedLayout.get_default_for([BT, BT], gl.float16))
     o_stage = gl.allocate_shared_memory(dtype, [BT, V], o_desc.layout)
     checkpoints = Checkpoints(state_checkpoints, checkpoint_rows, checkpoint_cu_starts, checkpoint_every_n_tokens, HV,

@@ -127,7 +127,7 @@ def chunked_torch(q, k, v, g, beta, cu_seqlens, h0=None, scale=None, l2norm=Fals
     return o, ht
 
 
-def reference_outputs(q, k, v, g, beta, cu_list, h0, l2norm, checkpoint_every=0):
+def reference_outputs(q, k, v, g, beta, cu_list, h0, l2norm, checkpoint_every=0, scale=None):
     """(o, final state), and the checkpoints with checkpoint_every, on the CPU for torch inputs [B, T, ...] (B folded
     into T): recurrence_fp64 for small problems, chunked_torch on the inputs' device for large ones."""
     import torch
@@ -135,10 +135,11 @@ def reference_outputs(q, k, v, g, beta, cu_list, h0, l2norm, checkpoint_every=0)
     flat = [x.reshape(-1, *x.shape[2:]) for x in (q, k, v, g, beta)]
     if flat[0].shape[0] * v.shape[2] <= 8192:
         args = [x.double().cpu().numpy() for x in flat]
-        out = recurrence_fp64(*args, cu_list, None if h0 is None else h0.double().cpu().numpy(), l2norm=l2norm,
-                              checkpoint_every=checkpoint_every)
+        out = recurrence_fp64(*args, cu_list, None if h0 is None else h0.double().cpu().numpy(), scale=scale,
+                              l2norm=l2norm, checkpoint_every=checkpoint_every)
         return tuple(torch.from_numpy(x) for x in out)
-    return tuple(x.cpu() for x in chunked_torch(*flat, cu_list, h0, l2norm=l2norm, checkpoint_every=checkpoint_every))
+    return tuple(x.cpu() for x in chunked_torch(*flat, cu_list, h0, scale=scale, l2norm=l2norm,
+                                                checkpoint_every=checkpoint_every))
 
 
 def rel_max_err(x, ref):
