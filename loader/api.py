@@ -122,7 +122,7 @@ def select(call: Call, artifacts) -> tuple[Routes, Route]:
     """The configuration's routes on the call's device (loaded on first use) and the one serving the batch."""
     arts = Artifacts.for_device(call.index, root=artifacts)
     config = (call.dtype, call.K, call.V, call.cu_seqlens is not None, call.transpose,
-              STATE_DTYPES[call.state_dtype], call.gate_in_kernel or call.beta_sigmoid,
+              STATE_DTYPES[call.state_dtype], call.gating,
               call.checkpoint_every_n_tokens > 0)
     routes = arts.loaded.get(config)
     if routes is None:
@@ -206,7 +206,7 @@ def launch(c: Call, routes: Routes, route: Route, workspace: int, size: int) -> 
     options = ((_L2NORM if c.l2norm else 0) | (0 if h0 is None else _HAS_H0) | (0 if ht is None else _STORE_HT)
                | (0 if idx is None else _USE_INDICES))
     a_log = dt_bias = 0
-    if c.gate_in_kernel or c.beta_sigmoid:
+    if c.gating:
         options |= ((_GATE_IN_KERNEL if c.gate_in_kernel else 0) | (_BETA_SIGMOID if c.beta_sigmoid else 0)
                     | (_BETA_NEG_EIGVAL if c.neg_eigval else 0))
         if c.gate_in_kernel:

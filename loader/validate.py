@@ -35,6 +35,11 @@ class Call:
                  "l2norm", "transpose", "state_shape", "state_dtype", "index", "A_log", "dt_bias", "gate_in_kernel",
                  "beta_sigmoid", "neg_eigval", "state_checkpoints", "checkpoint_cu_starts", "checkpoint_every_n_tokens")
 
+    @property
+    def gating(self) -> bool:
+        """Either gating option is on: the call needs a gating variant (the configuration's `gating` axis)."""
+        return self.gate_in_kernel or self.beta_sigmoid
+
 
 def check_call(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, cu_seqlens,
                transpose_state, state_indices, output, output_state, validate, head_first, use_gate_in_kernel=False,
