@@ -90,6 +90,13 @@ class Routes:
         self.manifest, self.device_index, self.sm_count = manifest, device_index, sm_count
         self.launcher: Launcher | None = None  # set by load()
 
+    @property
+    def batch_invariant(self) -> bool:
+        """Whether every row runs the same route: the rows of one route differ in tiling only and round alike (the
+        GPU suite checks it bitwise), so a sequence's result cannot depend on its batch; a spec that sends some
+        shape classes to another route (its dispatch's gdn_fused classes) gives up that guarantee."""
+        return len({route.name for route in self.routes}) == 1
+
     def select(self, programs: int) -> Route:
         """The route of a batch of `programs` = num_seqs * HV programs (the table's first row that takes it)."""
         for most, route in self.tiers:

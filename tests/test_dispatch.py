@@ -183,3 +183,21 @@ def test_c_select_answers_as_python(table_launcher):
             assert got["shape_class"] == want["class"] and got["route"] == ROUTES[want["route"]].id
             assert [got[h] for h in ("prepare", "scan", "fused")] == [
                 want["kernels"].get(k) for k in ("gdn_prepare", "gdn_scan", "gdn_fused")], (programs, sm_count)
+
+
+def test_fastest_spec_routes_the_default_class_to_gdn_fused():
+    """specs/qwen35-fastest.yaml: qwen35.yaml's variants and sm_90a preferences plus gdn_fused (sm_90a only),
+    which takes the default class: batches of more than 66 programs on 132 SMs; fewer stay on gdn_prepare +
+    gdn_scan (the faster route there on the H200)."""
+    from gdn_aot.build.spec import load_spec
+
+    fast, qwen = load_spec("qwen35-fastest"), load_spec("qwen35")
+    assert {v.key for v in fast.variants if v.kernel != "gdn_fused"} == {v.key for v in qwen.variants}
+    assert {v.arch for v in fast.variants if v.kernel == "gdn_fused"} == {"sm_90a"}
+    prefs = fast.dispatch["sm_90a"]
+    assert prefs["gdn_fused"] == {"classes": ["default"]}
+    assert {k: p for k, p in prefs.items() if k != "gdn_fused"} == qwen.dispatch["sm_90a"]
+    assert fast.dispatch["sm_100a"] == qwen.dispatch["sm_100a"]
+    table = build_table(prefs, qwen_sm90_variants(fused=True), USES)
+    for programs, route in ((32, "prepare_scan"), (66, "prepare_scan"), (67, "fused"), (1024, "fused")):
+        assert select(table, config(), programs, 132)["route"] == route, programs

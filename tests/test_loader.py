@@ -16,6 +16,7 @@ from gdn_aot.loader import (
     VariantNotBuilt, arch_for_capability, find_root,
 )
 from gdn_aot.kernels import PREPARE_L2NORM
+from gdn_aot.loader.routes import Routes
 from gdn_aot.loader import dispatch
 from gdn_aot.loader.artifacts import LAUNCHER_ABI_VERSION
 
@@ -91,6 +92,19 @@ def test_single_wave_tier(tiny_build):
     assert s.pick("gdn_scan", dtype="bf16", varlen=True).entry["num_warps"] == 4  # plain picks: fewest warps
     b = Artifacts.for_device(0, capability=(10, 0), root=tiny_build.out)
     assert [r.row["class"] for r in b.routes("bf16", 128, 128, True, False, sm_count=148).routes] == ["default"]
+    assert routes.batch_invariant  # one route (gdn_prepare + gdn_scan) for every shape class
+
+
+def test_a_configuration_with_two_routes_is_not_batch_invariant(tiny_build):
+    """A spec that sends a shape class to gdn_fused (dispatch: gdn_fused: {classes: [...]}) mixes routes whose
+    results differ in their last bits: Routes says so (the GPU invariance tests skip such a build)."""
+    s = Artifacts.for_device(0, capability=(9, 0), root=tiny_build.out)
+    config = ("bf16", 128, 128, True, False, "fp32", False, False)
+    rows = dispatch.config_rows(s.table, config)
+    fused = s.pick("gdn_fused", dtype="bf16", varlen=True, transpose=False).key
+    mixed = rows[:-1] + [{**rows[-1], "route": "fused", "kernels": {"gdn_fused": fused}}]
+    assert Routes(rows, s.kernel, s.manifest, 0, 132).batch_invariant
+    assert not Routes(mixed, s.kernel, s.manifest, 0, 132).batch_invariant
 
 
 def test_routes_of_an_unbuilt_configuration(tiny_build):
