@@ -106,8 +106,8 @@ def _region(r: abi.Region) -> dict:
     return {"name": r.name, "size": f"({uses}) ? hv_rows{factors} : 0", "doc": r.doc}
 
 
-def forward_context(kernel_names) -> dict | None:
-    """What the templates need for gdn_aot_forward, or None when the spec builds no route's kernels."""
+def forward_context(kernel_names, arch: str) -> dict | None:
+    """What the templates need for gdn_aot_forward on `arch`, or None when the spec builds no route's kernels."""
     routes = []
     for r in abi.ROUTES.values():
         fams = abi.families_of(r.name)
@@ -115,6 +115,7 @@ def forward_context(kernel_names) -> dict | None:
         refused = [f"!a->{f.handle}" for f in fams]  # gdn_check_route: a missing kernel, or a V tile not dividing V
         if any("ztiles" in f.grid for f in fams):
             refused += ["a->BV <= 0", "a->V % a->BV", "a->V / a->BV > 65535"]
+        refused += [f"(a->options & GDN_AOT_FORWARD_{option})" for on, option, _ in r.refuses if on == arch]
         routes.append({"name": r.name, "NAME": r.name.upper(), "id": r.id, "built": built,
                        "refused": " || ".join(refused), "launches": [_launch(f) for f in fams] if built else []})
     if not any(r["built"] for r in routes):
@@ -126,7 +127,7 @@ def forward_context(kernel_names) -> dict | None:
 def render(arch: str, kernel_names, table: list[dict] | None = None) -> dict[str, str]:
     """Header and source text for a spec building `kernel_names`, with the arch's dispatch table."""
     ctx = {"arch": arch, "abi_version": abi.LAUNCHER_ABI_VERSION, "families": families(kernel_names),
-           "driver_functions": DRIVER_FUNCTIONS, "forward": forward_context(kernel_names),
+           "driver_functions": DRIVER_FUNCTIONS, "forward": forward_context(kernel_names, arch),
            "kernel_fields": abi.KERNEL_FIELDS, "options": abi.OPTIONS,
            "flags": [fl for f in abi.FAMILIES.values() for fl in f.flags],
            "routes": abi.ROUTES.values(), "bounds": abi.BOUNDS, "row_fields": abi.DISPATCH_ROW_FIELDS,
@@ -178,7 +179,7 @@ def build(arch: str, kernel_names, launcher_dir: Path, previous: dict | None = N
         if old.name != SONAME:
             old.unlink()
     files = {n: toolchain.file_sha256(launcher_dir / n) for n in (HEADER, SOURCE, LIBRARY)}
-    fwd = forward_context(kernel_names)
+    fwd = forward_context(kernel_names, arch)
     return {
         "abi_version": abi.LAUNCHER_ABI_VERSION,
         "header": f"launcher/{HEADER}", "source": f"launcher/{SOURCE}", "library": f"launcher/{LIBRARY}",

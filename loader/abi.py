@@ -221,15 +221,24 @@ GRID_QUANTITIES = ("slots", "ztiles", "num_seqs", "H", "HV")
 
 @dataclasses.dataclass(frozen=True)
 class Route:
-    """The kernels one forward launches, in order (GDN_AOT_ROUTE_<name>)."""
+    """The kernels one forward launches, in order (GDN_AOT_ROUTE_<name>); `refuses`: (arch, option, why) of the
+    options its kernels cannot honour on that arch: gdn_aot_forward returns CUDA_ERROR_INVALID_VALUE for them and
+    the Python API raises `why`."""
 
     name: str
     id: int
     families: tuple[str, ...]
+    refuses: tuple[tuple[str, str, str], ...] = ()
 
 
-ROUTES = {r.name: r for r in (Route("prepare_scan", 0, ("gdn_prepare", "gdn_scan")),
-                              Route("fused", 1, ("gdn_fused",)))}
+ROUTES = {r.name: r for r in (
+    Route("prepare_scan", 0, ("gdn_prepare", "gdn_scan")),
+    Route("fused", 1, ("gdn_fused",), refuses=(
+        ("sm_90a", "BETA_NEG_EIGVAL",
+         "allow_neg_eigval=True: the sm_90a gdn_fused inverts each chunk's I + A in fp16, and with beta up to 2 the "
+         "powers of a block of near-identical keys exceed fp16's range; use artifacts whose dispatch sends gating "
+         "configurations to gdn_prepare + gdn_scan (specs/qwen35.yaml, specs/qwen35-fastest.yaml)"),)),
+)}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -214,6 +214,8 @@ def launch(c: Call, routes: Routes, route: Route, workspace: int, size: int) -> 
             if c.dt_bias is not None:
                 options |= _GATE_BIAS
                 dt_bias = c.dt_bias.data_ptr()
+    if options & route.refused_options:
+        route.refuse(options)
     checkpoints = rows = starts = 0
     if c.checkpoint_every_n_tokens:
         buffer = c.state_checkpoints

@@ -7,8 +7,8 @@ in the launcher shares).
 """
 from __future__ import annotations
 
-from .abi import (DTYPE_BYTES, FAMILIES, FORWARD_ARG_FIELDS, FORWARD_ARGS, REGIONS, ROUTE_ARGS, ROUTES,
-                  WORKSPACE_ALIGN, region_bytes_per_row_head)
+from .abi import (DTYPE_BYTES, FAMILIES, FORWARD_ARG_FIELDS, FORWARD_ARGS, OPTION_BITS, REGIONS, ROUTE_ARGS,
+                  ROUTES, WORKSPACE_ALIGN, region_bytes_per_row_head)
 from .binding import Launcher
 from .dispatch import most_programs
 from .errors import CorruptArtifact, DriverError
@@ -40,6 +40,14 @@ class Route:
         self.padding = (len(REGIONS) + 1) * (WORKSPACE_ALIGN - 1)
         self._slots_coef, self._programs_coef = self._scratch_coefs()
         self.prefix = _NOT_LOADED  # ROUTE_ARGS, packed by load() once the kernels have handles
+        # the options gdn_aot_forward refuses on this route and arch (abi.Route.refuses), and why
+        self.refusals = {OPTION_BITS[option]: why for arch, option, why in ROUTES[self.name].refuses
+                         if arch == first.manifest.arch}
+        self.refused_options = sum(self.refusals)
+
+    def refuse(self, options: int):
+        """Raise the ValueError of the first refused option set in `options`."""
+        raise ValueError(next(why for bit, why in self.refusals.items() if options & bit))
 
     def __repr__(self):
         return f"Route({self.row['class']}: {', '.join(k.key for k in self.kernels.values())})"

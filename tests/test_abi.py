@@ -172,9 +172,13 @@ def test_forward_call_needs_a_value_for_every_kernel_param(monkeypatch):
         launcher.render("sm_90a", list(KERNELS))
     with pytest.raises(launcher.LauncherError, match="names no forward argument"):
         launcher.param_expr("gdn_scan", decl.Param("x", "i32", "args.no_such_field"))
-    assert launcher.forward_context(["gdn_prepare"]) is None  # no route's kernels: no gdn_aot_forward
-    routes = launcher.forward_context(["gdn_fused"])["routes"]
+    assert launcher.forward_context(["gdn_prepare"], "sm_90a") is None  # no route's kernels: no gdn_aot_forward
+    routes = launcher.forward_context(["gdn_fused"], "sm_90a")["routes"]
     assert [(r["name"], r["built"]) for r in routes] == [("prepare_scan", False), ("fused", True)]
+    # the sm_90a gdn_fused's fp16 inverse cannot take beta up to 2: refused there, not on sm_100a (tf32 inverse)
+    assert "GDN_AOT_FORWARD_BETA_NEG_EIGVAL" in routes[1]["refused"]
+    sm100 = launcher.forward_context(["gdn_fused"], "sm_100a")["routes"][1]["refused"]
+    assert "NEG_EIGVAL" not in sm100
 
 
 def test_forward_refuses_bad_calls_without_a_driver(forward_launcher):
@@ -197,6 +201,10 @@ def test_forward_refuses_bad_calls_without_a_driver(forward_launcher):
         assert lib.gdn_aot_forward(forward_args(prep, scan, **bad)) == CUDA_ERROR_INVALID_VALUE, bad
     assert lib.gdn_aot_forward(forward_args(prep, scan, workspace_bytes=need)) == CUDA_ERROR_INVALID_HANDLE
     assert lib.gdn_aot_forward(forward_args(fused_struct=fused)) == CUDA_ERROR_INVALID_HANDLE  # BV unused there
+    # the sm_90a fused route refuses allow_neg_eigval (its fp16 inverse); the two-kernel route takes it
+    neg = decl.OPTION_BITS["L2NORM"] | decl.OPTION_BITS["BETA_SIGMOID"] | decl.OPTION_BITS["BETA_NEG_EIGVAL"]
+    assert lib.gdn_aot_forward(forward_args(fused_struct=fused, options=neg)) == CUDA_ERROR_INVALID_VALUE
+    assert lib.gdn_aot_forward(forward_args(prep, scan, options=neg)) == CUDA_ERROR_INVALID_HANDLE
 
 
 def test_checkpoint_params_come_last_from_the_forward_arguments():

@@ -337,7 +337,7 @@ def launched_args(monkeypatch, c) -> dict:
     from gdn_aot.loader.abi import FORWARD_ARG_FIELDS, FORWARD_ARGS, ROUTE_ARGS
 
     sent = []
-    route = SimpleNamespace(prefix=ROUTE_ARGS.pack(0, 11, 12, 0, 128, 128, 64, 64, 2))
+    route = SimpleNamespace(prefix=ROUTE_ARGS.pack(0, 11, 12, 0, 128, 128, 64, 64, 2), refused_options=0)
     routes = SimpleNamespace(launcher=SimpleNamespace(gdn_aot_forward=lambda args: sent.append(args) or 0))
     monkeypatch.setattr(api, "_current_device", lambda: 0)
     monkeypatch.setattr(api, "_raw_stream", lambda index: 77)

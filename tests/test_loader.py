@@ -18,6 +18,7 @@ from gdn_aot.loader import (
 from gdn_aot.kernels import PREPARE_L2NORM
 from gdn_aot.loader.routes import Routes
 from gdn_aot.loader import dispatch
+from gdn_aot.loader.abi import OPTION_BITS
 from gdn_aot.loader.artifacts import LAUNCHER_ABI_VERSION
 
 from conftest import run_cli
@@ -104,7 +105,14 @@ def test_a_configuration_with_two_routes_is_not_batch_invariant(tiny_build):
     fused = s.pick("gdn_fused", dtype="bf16", varlen=True, transpose=False).key
     mixed = rows[:-1] + [{**rows[-1], "route": "fused", "kernels": {"gdn_fused": fused}}]
     assert Routes(rows, s.kernel, s.manifest, 0, 132).batch_invariant
-    assert not Routes(mixed, s.kernel, s.manifest, 0, 132).batch_invariant
+    routes = Routes(mixed, s.kernel, s.manifest, 0, 132)
+    assert not routes.batch_invariant
+    # the sm_90a gdn_fused refuses allow_neg_eigval (fp16 inverse), naming the argument; the two-kernel route not
+    fused_route, two_kernel = routes.select(1000), routes.select(1)
+    neg = OPTION_BITS["BETA_SIGMOID"] | OPTION_BITS["BETA_NEG_EIGVAL"]
+    assert fused_route.refused_options == OPTION_BITS["BETA_NEG_EIGVAL"] and not two_kernel.refused_options
+    with pytest.raises(ValueError, match="allow_neg_eigval=True"):
+        fused_route.refuse(neg)
 
 
 def test_routes_of_an_unbuilt_configuration(tiny_build):
