@@ -1,5 +1,5 @@
 # gdn-aot: `make build` compiles the kernels ahead of time, `make test` runs the CPU test suite.
-#   make build [ARCH=sm_90|sm_100|all] [SPEC=specs/qwen35.yaml] [OUT=artifacts] [JOBS=N]
+#   make build [ARCH=sm_90|sm_100|sm_103|all] [SPEC=specs/qwen35.yaml] [OUT=artifacts] [JOBS=N]
 #   make test | make wheel | make wheel-with-artifacts [ARTIFACTS=artifacts] | make bench [BENCH_ARGS=...] | make clean
 # The first run bootstraps .venv (python3 -m venv; torch, triton==3.6.0, ...); later runs reinstall nothing,
 # and only the project itself (a quick, non-editable `pip install --no-deps .`) when its sources change.
@@ -17,6 +17,10 @@ PY  := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 DEPS := torch==2.13.0 triton==3.6.0 click pyyaml jinja2 pytest numpy hatchling
 DEPS_STAMP := $(VENV)/.stamp-deps
+# the nvdisasm the build's SASS analysis runs (triton's 12.8 cannot decode sm_103a; build/toolchain.py pins the
+# same version), on a stamp of its own so that a .venv bootstrapped before it gets it too
+NVDISASM_DEP := nvidia-cuda-nvdisasm==13.5.37
+NVDISASM_STAMP := $(VENV)/.stamp-$(subst ==,-,$(NVDISASM_DEP))
 PROJECT_STAMP := $(VENV)/.stamp-project
 PROJECT_SRC := pyproject.toml $(shell find kernels build loader specs -type f \
 	-not -path '*/__pycache__/*' -not -name '*.pyc' 2>/dev/null)
@@ -33,7 +37,11 @@ $(DEPS_STAMP): | $(PY)
 	$(PIP) install $(DEPS)
 	touch $@
 
-$(PROJECT_STAMP): $(DEPS_STAMP) $(PROJECT_SRC)
+$(NVDISASM_STAMP): $(DEPS_STAMP)
+	$(PIP) install $(NVDISASM_DEP)
+	touch $@
+
+$(PROJECT_STAMP): $(DEPS_STAMP) $(NVDISASM_STAMP) $(PROJECT_SRC)
 	$(PIP) install --no-deps --no-build-isolation --force-reinstall .
 	touch $@
 

@@ -10,12 +10,14 @@ import click
 
 from .. import __version__
 from .manifest import MANIFEST, TSV, tsv
+from .spec import ARCH_CHOICES
 from ..loader.artifacts import Manifest, available_arches, sha256_file
 from ..loader.errors import GdnAotError
 
 EPILOG_BUILD = """\b
 Examples:
-  gdn-aot build specs/qwen35.yaml                     # both arches into ./artifacts
+  gdn-aot build specs/qwen35.yaml                     # every arch of the spec into ./artifacts
+  gdn-aot build specs/qwen35.yaml --arch sm_103       # Blackwell Ultra (B300) only
   gdn-aot build specs/qwen35.yaml --arch sm_90 -j 8   # Hopper only, 8 parallel compiles
   gdn-aot build tiny --out /tmp/a --json              # a shipped spec by name, machine-readable report
 A second run recompiles only variants whose inputs changed (kernel sources, spec, triton/ptxas, build code).
@@ -45,7 +47,7 @@ def _fail(msg: str, code: int = 1):
 
 @main.command(epilog=EPILOG_BUILD)
 @click.argument("spec")
-@click.option("--arch", default="all", show_default=True, help="sm_90, sm_100 or all (the spec's arches)")
+@click.option("--arch", default="all", show_default=True, help=f"{ARCH_CHOICES} or all (the spec's arches)")
 @click.option("--out", default="artifacts", show_default=True, type=click.Path(file_okay=False),
               help="output directory (one subdirectory per arch)")
 @click.option("-j", "--jobs", type=int, default=None, help="parallel compiles [default: CPU count]")
@@ -285,7 +287,7 @@ libgdn_aot_launch.so.<ABI>); PTX with --with-ptx; build logs never. docs/deploy.
               help="a gdn_aot wheel (`make wheel`) to copy with the artifacts as package data gdn_aot/artifacts")
 @click.option("--out", default="dist", show_default=True, type=click.Path(file_okay=False),
               help="where --wheel writes the new wheel")
-@click.option("--arch", "arches", multiple=True, help="sm_90 / sm_100 (repeatable) [default: every built arch]")
+@click.option("--arch", "arches", multiple=True, help=f"{ARCH_CHOICES} (repeatable) [default: every built arch]")
 @click.option("--with-ptx", is_flag=True, help="also ship the PTX (debugging only; the loader never reads it)")
 @click.option("--json", "as_json", is_flag=True, help="print what was written as JSON")
 def package(artifacts, into, wheel, out, arches, with_ptx, as_json):
@@ -298,7 +300,7 @@ def package(artifacts, into, wheel, out, arches, with_ptx, as_json):
     try:
         arch_list = [ARCH_ALIASES[a] for a in arches]
     except KeyError as e:
-        raise click.BadParameter(f"unknown arch {e.args[0]!r} (sm_90 or sm_100)", param_hint="--arch") from None
+        raise click.BadParameter(f"unknown arch {e.args[0]!r} ({ARCH_CHOICES})", param_hint="--arch") from None
     try:
         if into is not None:
             report = copy_runtime(Path(artifacts), Path(into), arch_list or None, with_ptx)

@@ -1,10 +1,10 @@
 """Parallel, incremental compilation of a spec's variants, one worker subprocess per variant.
 
 Input hash of a variant = sha256 of (every kernels/*.py source text, the variant, its signature (the launcher
-ABI's parameters, loader/abi.py) and compile options, the triton version, the ptxas version, the build code
-version). A variant whose input hash matches the previous manifest's
-and whose cubin is still intact is reused; everything else is compiled (in parallel, -j), checked (ABI against
-the PTX .entry, launch constraints), analysed (cuobjdump/nvdisasm) and written content-addressed. A failed
+ABI's parameters, loader/abi.py) and compile options, the triton version, the ptxas and nvdisasm versions (the
+manifest's SASS counts are nvdisasm's), the build code version). A variant whose input hash matches the previous
+manifest's and whose cubin is still intact is reused; everything else is compiled (in parallel, -j), checked (ABI
+against the PTX .entry, launch constraints), analysed (cuobjdump/nvdisasm) and written content-addressed. A failed
 variant is logged under OUT/<arch>/logs/<key>.log and left out of the manifest; the others still build.
 """
 from __future__ import annotations
@@ -206,7 +206,7 @@ def build(spec: Spec, arches, out: Path, jobs: int | None = None,
     out = Path(out)
     jobs = max(1, jobs or 1)
     common = {"kernels_source": kernels_source_sha(), "triton": toolchain.triton_version(),
-              "build_code": build_code_version()}
+              "nvdisasm": toolchain.nvdisasm_version(), "build_code": build_code_version()}
     results: dict[str, list[Result]] = {a: [] for a in arches}
     prev = {a: manifest.read_previous(out / a) for a in arches}
     todo: list[tuple[Variant, str]] = []
@@ -278,7 +278,8 @@ def _write_arch(spec: Spec, arch: str, arch_dir: Path, results: list[Result], pr
     data = {
         "schema_version": MANIFEST_SCHEMA_VERSION, "arch": arch,
         "triton_version": common["triton"], "ptxas_version": toolchain.ptxas_version(arch),
-        "ptxas": toolchain.ptxas_for(arch).name, "build_code_version": common["build_code"],
+        "ptxas": toolchain.ptxas_for(arch).name, "nvdisasm_version": common["nvdisasm"],
+        "build_code_version": common["build_code"],
         "kernels_source_sha256": common["kernels_source"],
         "spec": {"path": str(Path(spec.path).resolve()), "sha256": spec.sha256},
         "launcher": {k: x for k, x in lent.items() if not k.startswith("_")},

@@ -1,4 +1,4 @@
-"""SASS facts about a cubin, from the nvdisasm/cuobjdump bundled with triton.
+"""SASS facts about a cubin, from the pinned nvdisasm (toolchain.nvdisasm) and the cuobjdump bundled with triton.
 
 `summary()` counts the instruction families that prove which hardware path a kernel takes:
 sm_90a HGMMA (wgmma), UTMALDG/UTMASTG (TMA), LDGSTS (cp.async), SYNCS (mbarrier), WARPGROUP; sm_100a
@@ -16,7 +16,7 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-from .toolchain import nvidia_bin, ptxas_for
+from .toolchain import nvdisasm, nvidia_bin, ptxas_for
 
 FAMILIES = ("HGMMA", "UTMALDG", "UTMASTG", "LDGSTS", "SYNCS", "WARPGROUP", "UTCHMMA", "UTCQMMA", "LDTM", "STTM",
             "UTCBAR", "HMMA", "FFMA", "LDL", "STL")
@@ -24,7 +24,7 @@ _INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)(\
 
 
 def disassemble(cubin: Path) -> str:
-    r = subprocess.run([str(nvidia_bin("nvdisasm")), "-c", str(cubin)], capture_output=True, text=True)
+    r = subprocess.run([str(nvdisasm()), "-c", str(cubin)], capture_output=True, text=True)
     if r.returncode:
         raise RuntimeError(f"nvdisasm failed on {cubin}: {r.stderr.strip()}")
     return r.stdout

@@ -4,7 +4,7 @@ A spec is one YAML file. Schema (every key optional unless marked *):
 
     K: 128                      # * head dim of q/k (top level, or per kernel; per kernel wins)
     V: 128                      # * head dim of v   (same)
-    arches: [sm_90a, sm_100a]   # * arches this spec targets (`--arch` picks a subset)
+    arches: [sm_90a, sm_100a]   # * arches this spec targets (`--arch` picks a subset): sm_90a, sm_100a, sm_103a
     kernels:                    # * kernel name (see gdn_aot.kernels.KERNELS) -> axes
       gdn_scan:
         K: 128                  # overrides the top-level K for this kernel
@@ -39,6 +39,8 @@ num_seqs * HV * V / BV <= SMs); the BVs named must be among the kernel's BV valu
 variants'. A kernel that is a route of its own (gdn_fused) takes ``classes``: the shape classes (single_wave,
 small_batch, default) it serves instead of gdn_prepare + gdn_scan; a configuration only it serves needs none.
 The build turns these into the dispatch table of the manifest and the launcher (loader/dispatch.py).
+sm_103a is built from the sm_100a sources and, where it has no `launch`/`dispatch` entry of its own, takes
+sm_100a's; exclusions naming sm_100a remove the matching sm_103a variants too (SECTIONS_FROM).
 
 Every problem raises :class:`SpecError`, whose message names the file, the key path and the bad value.
 """
@@ -66,9 +68,14 @@ EXCLUDE_KEYS = AXES + LAUNCH_KEYS + ("arch",)
 TOP_KEYS = ("K", "V", "arches", "kernels", "dispatch")
 KERNEL_KEYS = AXES + ("launch", "exclude")
 DEFAULT_LAUNCH = {"num_warps": [4], "num_stages": [1]}
-# CLI spellings of arches: `sm_90` and `sm_90a` both mean the arch-specific sm_90a target.
-ARCH_ALIASES = {"sm_90": "sm_90a", "sm_90a": "sm_90a", "90": "sm_90a", "sm_100": "sm_100a", "sm_100a": "sm_100a",
-                "100": "sm_100a"}
+# CLI spellings of arches: `sm_90`, `sm_90a` and `90` all mean the arch-specific sm_90a target.
+ARCH_ALIASES = {alias: a for a in ARCHES for alias in (a, a[:-1], a[3:-1])}
+ARCH_CHOICES = ", ".join(a[:-1] for a in ARCHES)  # how help texts and errors spell them
+# An arch built from another arch's sources takes that arch's spec sections where it has none of its own:
+# launch.<arch> and dispatch.<arch>, and every exclusion naming the other arch applies to it too (the same code,
+# so the same limits). A spec adding sm_103a (Blackwell Ultra) to its arches thus builds and dispatches it as
+# sm_100a; `launch: {sm_103a: ...}`, `dispatch: {sm_103a: ...}` or `{arch: sm_103a, ...}` exclusions set it apart.
+SECTIONS_FROM = {"sm_103a": "sm_100a"}
 
 
 class SpecError(ValueError):
@@ -97,14 +104,14 @@ class Spec:
 
 
 def resolve_arches(requested: str | None, spec_arches: tuple[str, ...], path="<cli>") -> tuple[str, ...]:
-    """`all`/None -> the spec's arches; `sm_90`/`sm_90a`/`sm_100`... -> that arch (must be in the spec)."""
+    """`all`/None -> the spec's arches; `sm_90`/`sm_90a`/`90`/`sm_103`... -> that arch (must be in the spec)."""
     if requested in (None, "", "all"):
         return spec_arches
     out = []
     for word in str(requested).split(","):
         arch = ARCH_ALIASES.get(word.strip())
         if arch is None:
-            raise SpecError(path, "--arch", f"unknown arch; use one of sm_90, sm_100, all", word)
+            raise SpecError(path, "--arch", f"unknown arch; use one of {ARCH_CHOICES}, all", word)
         if arch not in spec_arches:
             raise SpecError(path, "arches", f"{arch} was requested but the spec only targets {list(spec_arches)}")
         out.append(arch)
@@ -184,12 +191,16 @@ def _kernel_variants(P: "_Parser", doc: dict, name: str, body, arches) -> tuple[
                                         launch[arch]["num_stages"]):
             point = dict(zip(LIST_AXES + LAUNCH_KEYS, values))
             v = Variant(kernel=name, arch=arch, K=K, V=V, **point)
-            d = v.as_dict()
-            if not any(all(d[k] == x for k, x in ex.items()) for ex in excludes):
+            if not any(_excluded(v.as_dict(), ex) for ex in excludes):
                 variants.append(v)
     if not variants:
         raise P.err(kp, "the cross product minus the exclusions is empty", body.get("exclude"))
     return ax, variants
+
+
+def _excluded(point: dict, exclusion: dict) -> bool:
+    """The exclusion matches the variant's point; its `arch` also names the arches taking that arch's sections."""
+    return all(point[k] == x or (k == "arch" and SECTIONS_FROM.get(point[k]) == x) for k, x in exclusion.items())
 
 
 class _Parser:
@@ -299,6 +310,9 @@ class _Parser:
                         if key == "num_stages" and n < 1:
                             raise self.err(f"{kp}.{arch}.num_stages", "num_stages must be >= 1", n)
                     out[arch][key] = vals
+        for arch in arches:
+            if arch not in raw and SECTIONS_FROM.get(arch) in raw:
+                out[arch] = out[SECTIONS_FROM[arch]]
         return out
 
     def excludes(self, raw, kp):
@@ -323,17 +337,20 @@ class _Parser:
             return {}
         if not isinstance(raw, dict):
             raise self.err("dispatch", "expected a mapping arch -> kernel -> preferences", raw)
-        out: dict = {}
         for arch, per_kernel in raw.items():
-            kp = f"dispatch.{arch}"
-            if arch not in arches:
-                raise self.err(kp, f"arch not among the spec's arches {list(arches)}", arch)
+            if arch not in arches and arch not in {SECTIONS_FROM.get(a) for a in arches}:
+                raise self.err(f"dispatch.{arch}", f"arch not among the spec's arches {list(arches)}", arch)
             if not isinstance(per_kernel, dict):
-                raise self.err(kp, "expected a mapping kernel -> preferences", per_kernel)
-            for kname, prefs in per_kernel.items():
-                built = [v for v in variants if v.kernel == kname and v.arch == arch]
-                out.setdefault(arch, {})[kname] = self.preferences(f"{kp}.{kname}", kname, prefs, axis_values,
-                                                                   built)
+                raise self.err(f"dispatch.{arch}", "expected a mapping kernel -> preferences", per_kernel)
+        out: dict = {}
+        for arch in arches:
+            source = arch if arch in raw else SECTIONS_FROM.get(arch)
+            if source not in raw:
+                continue
+            kp = f"dispatch.{source}" + ("" if source == arch else f" (taken by {arch})")
+            out[arch] = {kname: self.preferences(f"{kp}.{kname}", kname, prefs, axis_values,
+                                                 [v for v in variants if v.kernel == kname and v.arch == arch])
+                         for kname, prefs in raw[source].items()}
         return out
 
     def preferences(self, kp, kname, prefs, axis_values, built):

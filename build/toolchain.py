@@ -1,7 +1,10 @@
-"""The tools the build uses, as bundled in the triton wheel, found without importing triton.
+"""The tools the build uses, found without importing triton.
 
-ptxas 12.8 (sm_90a) and ptxas-blackwell 12.9 (sm_100a), cuobjdump/nvdisasm 12.8 and cuda.h live under
-triton/backends/nvidia/{bin,include}. Their versions go into the input hash and the manifest.
+ptxas 12.8 (sm_90a) and ptxas-blackwell 12.9 (sm_100a, sm_103a), cuobjdump 12.8 and cuda.h live under
+triton/backends/nvidia/{bin,include}. The nvdisasm bundled there (12.8) cannot decode sm_103a ("Cannot decode
+architecture"), so every cubin is disassembled by the nvdisasm of the pinned build dependency NVDISASM_DIST (a pip
+wheel of nvdisasm alone; on the sm_90a and sm_100a cubins of specs/tiny.yaml its instruction counts equal 12.8's).
+The versions of ptxas and nvdisasm go into the input hash and the manifest.
 """
 from __future__ import annotations
 
@@ -14,6 +17,13 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+
+from ..kernels.registry import arch_capability
+
+# the wheel of the nvdisasm the SASS analysis runs, pinned (the manifest's and the tests' SASS counts are this
+# version's): also pyproject's `build` extra and the Makefile's NVDISASM_DEP
+NVDISASM_DIST = "nvidia-cuda-nvdisasm"
+NVDISASM_PIN = "13.5.37"
 
 
 class ToolchainError(RuntimeError):
@@ -47,8 +57,26 @@ def cuda_include() -> Path:
 
 
 def ptxas_for(arch: str) -> Path:
-    """The ptxas triton itself picks for the arch (see triton.backends.nvidia.compiler.get_ptxas)."""
-    return nvidia_bin("ptxas-blackwell" if arch == "sm_100a" else "ptxas")
+    """The ptxas triton itself picks for the arch (triton.backends.nvidia.compiler.get_ptxas: capability >= 100)."""
+    return nvidia_bin("ptxas-blackwell" if arch_capability(arch) >= 100 else "ptxas")
+
+
+@functools.lru_cache(None)
+def nvdisasm() -> Path:
+    """bin/nvdisasm of the installed NVDISASM_DIST wheel, which must be the pinned version."""
+    install = f"pip install '{NVDISASM_DIST}=={NVDISASM_PIN}' (or 'gdn-aot[build]')"
+    try:
+        dist = importlib.metadata.distribution(NVDISASM_DIST)
+    except importlib.metadata.PackageNotFoundError:
+        raise ToolchainError(f"{NVDISASM_DIST} is not installed; the build disassembles every cubin with its "
+                             f"nvdisasm (triton's cannot decode sm_103a): {install}") from None
+    if dist.version != NVDISASM_PIN:
+        raise ToolchainError(f"{NVDISASM_DIST} {dist.version} is installed, the build is pinned to {NVDISASM_PIN}: "
+                             f"{install}")
+    exe = [f for f in dist.files or () if f.name == "nvdisasm"]
+    if not exe:
+        raise ToolchainError(f"{NVDISASM_DIST} {dist.version} holds no bin/nvdisasm; reinstall it: {install}")
+    return Path(dist.locate_file(exe[0]))
 
 
 @functools.lru_cache(None)
@@ -60,6 +88,10 @@ def tool_version(path: Path) -> str:
 
 def ptxas_version(arch: str) -> str:
     return tool_version(ptxas_for(arch))
+
+
+def nvdisasm_version() -> str:
+    return tool_version(nvdisasm())
 
 
 @functools.lru_cache(None)

@@ -17,7 +17,10 @@ import importlib
 import importlib.util
 from typing import Callable
 
-ARCHES = ("sm_90a", "sm_100a")
+ARCHES = ("sm_90a", "sm_100a", "sm_103a")
+# arch -> (source family, compute capability). sm_103a (Blackwell Ultra) compiles the sm_100a sources: the same
+# tcgen05 / TMEM / TMA instructions, but an arch-specific cubin runs on one capability only, so it is its own target.
+_ARCH_INFO = {"sm_90a": ("sm90", 90), "sm_100a": ("sm100", 100), "sm_103a": ("sm100", 103)}
 DTYPES = ("bf16", "fp16")
 # state storage dtypes (spec spelling -> Triton's): the initial and final state in HBM; the recurrence is fp32
 STATE_DTYPES = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8e4m3": "fp8e4nv", "fp8e5m2": "fp8e5"}
@@ -28,7 +31,7 @@ class Variant:
     """One point of a spec's cross product: everything that selects a cubin."""
 
     kernel: str
-    arch: str  # "sm_90a" | "sm_100a"
+    arch: str  # ARCHES
     K: int
     V: int
     BT: int
@@ -66,8 +69,9 @@ class KernelDef:
     params: runtime parameters in launch order, as (name, type) with ``*{dtype}`` standing for the input dtype
       (``abi.FAMILIES[name].kernel_params``).
     constexprs: variant -> {name: value} for every ``gl.constexpr`` parameter of the kernel (num_warps included).
-    sources: arch family ("sm90", "sm100") -> "module:function" of the ``@gluon.jit`` kernel, the module relative
-      to this package (".scan_sm90") or absolute, imported lazily so that reading the registry never imports triton.
+    sources: arch family ("sm90"; "sm100" for sm_100a and sm_103a) -> "module:function" of the ``@gluon.jit``
+      kernel, the module relative to this package (".scan_sm90") or absolute, imported lazily so that reading the
+      registry never imports triton.
     grid: the grid rule, in words, recorded in the manifest for launcher writers.
     uses_axes: the spec axes that change the generated code; the others must hold a single value for this
       kernel (validation rejects a spec that varies them, so no two variants compile to the same cubin).
@@ -112,8 +116,8 @@ class KernelDef:
 
 
 def arch_family(arch: str) -> str:
-    return {"sm_90a": "sm90", "sm_100a": "sm100"}[arch]
+    return _ARCH_INFO[arch][0]
 
 
 def arch_capability(arch: str) -> int:
-    return {"sm_90a": 90, "sm_100a": 100}[arch]
+    return _ARCH_INFO[arch][1]

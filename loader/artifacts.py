@@ -19,9 +19,10 @@ from .errors import ArtifactsNotFound, CorruptArtifact, UnsupportedDevice, build
 
 ENV_VAR = "GDN_AOT_ARTIFACTS"
 
-# Triton targets arch-specific sm_90a / sm_100a: such cubins run on exactly that capability (an sm_100a cubin
-# does not load on sm_103 or sm_120), so this table is an exact match and nothing falls back.
-ARCH_BY_CAPABILITY = {(9, 0): "sm_90a", (10, 0): "sm_100a"}
+# Triton targets arch-specific sm_90a / sm_100a / sm_103a: such cubins run on exactly that capability (an sm_100a
+# cubin does not load on sm_103 or sm_120: a B300 needs the sm_103a build of the same sources), so this table is an
+# exact match and nothing falls back.
+ARCH_BY_CAPABILITY = {(9, 0): "sm_90a", (10, 0): "sm_100a", (10, 3): "sm_103a"}
 
 
 def arch_for_capability(capability) -> str:

@@ -1,4 +1,4 @@
-"""Shared fixtures: one real build of specs/tiny.yaml (both arches) for the whole session, and the `gpu` marker.
+"""Shared fixtures: one real build of specs/tiny.yaml (every arch) for the whole session, and the `gpu` marker.
 
 Variants whose Gluon source module does not exist yet are expected build failures; tests that need them skip
 (set GDN_AOT_REQUIRE_ALL_KERNELS=1 to turn those skips into failures once every kernel is written).
@@ -19,7 +19,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 REQUIRE_ALL = os.environ.get("GDN_AOT_REQUIRE_ALL_KERNELS") == "1"
-ARCHES = ("sm_90a", "sm_100a")
+ARCHES = ("sm_90a", "sm_100a", "sm_103a")  # what specs/tiny.yaml builds
 
 
 def gdn_aot_cmd() -> list[str]:

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 from click.testing import CliRunner
 
-from gdn_aot.build import cli, compile as compile_mod
+from gdn_aot.build import cli, compile as compile_mod, toolchain
 from gdn_aot.build.manifest import TSV_COLUMNS
 from gdn_aot.build.spec import load_spec
 from gdn_aot.kernels import KERNELS
@@ -19,7 +19,7 @@ from gdn_aot.loader.artifacts import LAUNCHER_ABI_VERSION, MANIFEST_SCHEMA_VERSI
 
 from conftest import ARCHES, REPO, build_spec, source_exists, source_module
 
-KERNEL_ARCH = [(k, a) for a in ARCHES for k in ("gdn_prepare", "gdn_scan")]
+KERNEL_ARCH = [(k, a) for a in ARCHES for k in ("gdn_prepare", "gdn_scan", "gdn_fused")]
 
 
 def test_no_unexpected_failures(tiny_build):
@@ -37,8 +37,9 @@ def test_every_written_kernel_built(tiny_build, kernel, arch):
     entries = tiny_build.require(arch, kernel)
     # tiny.yaml: both state layouts of gdn_scan, on sm_90a each also warp-specialised, one bf16-state scan, and
     # with checkpoints (on sm_90a the warp-specialised ones and one 4-warp scan); gdn_fused in both layouts and
-    # with checkpoints in one
-    expected = {"gdn_scan": 4 + 1 + 3 if arch == "sm_90a" else 2 + 1 + 2, "gdn_fused": 3}.get(kernel, 1)
+    # with checkpoints in one; sm_103a one variant per kernel
+    expected = {"sm_90a": {"gdn_scan": 4 + 1 + 3, "gdn_fused": 3}, "sm_100a": {"gdn_scan": 2 + 1 + 2, "gdn_fused": 3},
+                "sm_103a": {}}[arch].get(kernel, 1)
     assert len(entries) == expected
 
 
@@ -49,6 +50,8 @@ def test_manifest_contents(tiny_build, arch):
     assert m["launcher"]["abi_version"] == LAUNCHER_ABI_VERSION
     assert m["triton_version"] == "3.6.0"
     assert m["ptxas_version"].startswith("12.8" if arch == "sm_90a" else "12.9")
+    assert m["ptxas"] == ("ptxas" if arch == "sm_90a" else "ptxas-blackwell")
+    assert m["nvdisasm_version"] == toolchain.NVDISASM_PIN
     assert len(m["spec"]["sha256"]) == 64 and m["spec"]["path"].endswith("tiny.yaml")
     spec = load_spec(REPO / "specs" / "tiny.yaml")
     assert m["dispatch"]["spec"] == spec.dispatch.get(arch, {})
@@ -60,6 +63,8 @@ def test_manifest_contents(tiny_build, arch):
              if any(e["kernel"] == "gdn_fused" for e in m["variants"].values())}
     configs = [(False, "fp32", False, classes), (False, "fp32", True, classes), (True, "bf16", False, ["default"]),
                (True, "fp32", False, classes), (True, "fp32", True, classes)]
+    if arch == "sm_103a":  # built for [K, V] fp32 states without checkpoints only
+        configs = configs[:1]
     assert [(r["transpose"], r["state_dtype"], r["checkpoints"], r["class"], r["route"])
             for r in m["dispatch"]["table"]] == [(tr, sd, ck, c, "fused" if c in fused else "prepare_scan")
                                                  for tr, sd, ck, cs in configs for c in cs]
@@ -214,3 +219,12 @@ def test_spec_with_gdn_fused_whose_source_is_missing(tmp_path, monkeypatch):
     assert "CUresult gdn_aot_launch_gdn_fused(" in header and "#define GDN_AOT_ROUTE_FUSED 1" in header
     lib = Launcher(out / "sm_90a" / "launcher" / f"libgdn_aot_launch.so.{LAUNCHER_ABI_VERSION}")
     assert lib.select(("bf16", 128, 128, True, False, "fp32", False, False), 4, 132)["scan"] == m["dispatch"]["table"][0]["kernels"]["gdn_scan"]
+
+
+def test_nvdisasm_pin():
+    """Every cubin is disassembled by the pinned nvdisasm wheel (triton's 12.8 cannot decode sm_103a), pinned alike
+    in build/toolchain.py, pyproject's build extra and the Makefile."""
+    pin = f"{toolchain.NVDISASM_DIST}=={toolchain.NVDISASM_PIN}"
+    assert f'"{pin}"' in (REPO / "pyproject.toml").read_text()
+    assert f"NVDISASM_DEP := {pin}" in (REPO / "Makefile").read_text()
+    assert toolchain.nvdisasm_version() == toolchain.NVDISASM_PIN

@@ -66,9 +66,10 @@ def test_package_into_copies_the_runtime_subset(tiny_build, tmp_path, monkeypatc
         assert s.manifest.read_cubin(k.key)  # sha256-checked
     finally:
         Artifacts.clear()
-    r = run_cli("package", tiny_build.out, "--arch", "sm_100", "--into", tmp_path / "one")
-    assert r.returncode == 0, r.stderr
-    assert [p.name for p in (tmp_path / "one").iterdir()] == ["sm_100a"]
+    for word, arch in (("sm_100", "sm_100a"), ("sm_103", "sm_103a")):
+        r = run_cli("package", tiny_build.out, "--arch", word, "--into", tmp_path / word)
+        assert r.returncode == 0, r.stderr
+        assert [p.name for p in (tmp_path / word).iterdir()] == [arch]
 
 
 def test_package_refuses_damaged_artifacts(tiny_copy, tmp_path):
@@ -176,7 +177,7 @@ NO_TRITON_SCRIPT = textwrap.dedent("""
     import gdn_aot.loader.api, gdn_aot.loader.fla_compat, gdn_aot.loader.torch_op  # the runtime entry points
     out = {"package": str(Path(gdn_aot.__file__).parent), "roots": {}, "picked": {}}
     out["roots"]["default"] = str(find_root())  # package data: the wheel's gdn_aot/artifacts
-    for cap in ((9, 0), (10, 0)):
+    for cap in ((9, 0), (10, 0), (10, 3)):
         s = Artifacts.for_device(0, capability=cap)
         prep = s.pick("gdn_prepare", dtype="bf16", K=128, V=128, varlen=True)
         scan = s.routes("bf16", 128, 128, True, False, sm_count=132).select(8).kernels["gdn_scan"]
@@ -209,7 +210,7 @@ def test_runtime_venv_without_triton(artifact_wheel, tiny_build, tmp_path):
     assert out["package"].startswith(str(VENV)), out["package"]  # the installed wheel, not this checkout
     assert out["roots"]["default"] == str(Path(out["package"]) / "artifacts")
     assert out["roots"]["env"] == str(copy)
-    for arch, cap in (("sm_90a", (9, 0)), ("sm_100a", (10, 0))):
+    for arch, cap in (("sm_90a", (9, 0)), ("sm_100a", (10, 0)), ("sm_103a", (10, 3))):
         prep, scan, abi, lib = out["picked"][arch]
         s = Artifacts.for_device(0, capability=cap, root=tiny_build.out)
         assert prep == s.pick("gdn_prepare", dtype="bf16", K=128, V=128, varlen=True).key

@@ -21,7 +21,7 @@ from gdn_aot.loader import dispatch
 from gdn_aot.loader.abi import OPTION_BITS
 from gdn_aot.loader.artifacts import LAUNCHER_ABI_VERSION
 
-from conftest import run_cli
+from conftest import ARCHES, run_cli
 
 
 @pytest.fixture(autouse=True)
@@ -31,7 +31,7 @@ def _fresh_sets():
     Artifacts.clear()
 
 
-@pytest.mark.parametrize("cap, arch", [((9, 0), "sm_90a"), ((10, 0), "sm_100a")])
+@pytest.mark.parametrize("cap, arch", [((9, 0), "sm_90a"), ((10, 0), "sm_100a"), ((10, 3), "sm_103a")])
 def test_exact_capability_match(tiny_build, cap, arch):
     assert arch_for_capability(cap) == arch
     s = Artifacts.for_device("cuda:1", capability=cap, root=tiny_build.out)
@@ -39,12 +39,14 @@ def test_exact_capability_match(tiny_build, cap, arch):
     assert Artifacts.for_device(1, capability=cap, root=tiny_build.out) is s
 
 
-@pytest.mark.parametrize("cap", [(10, 3), (12, 0), (8, 0), (9, 1), (11, 0)])
+@pytest.mark.parametrize("cap", [(10, 1), (12, 0), (8, 0), (9, 1), (11, 0)])
 def test_other_capabilities_are_unsupported(tiny_build, cap):
     with pytest.raises(UnsupportedDevice) as ei:
         Artifacts.for_device(0, capability=cap, root=tiny_build.out)
     msg = str(ei.value)
-    assert f"sm_{cap[0]}{cap[1]}" in msg and "sm_90a" in msg and "sm_100a" in msg and "no fallback" in msg
+    assert f"sm_{cap[0]}{cap[1]}" in msg and "no fallback" in msg
+    assert all(arch in msg for arch in ("sm_90a (capability 9.0)", "sm_100a (capability 10.0)",
+                                        "sm_103a (capability 10.3)"))
 
 
 def test_pick(tiny_build):
@@ -224,7 +226,7 @@ def test_tampered_launcher_is_detected(tiny_copy):
         Manifest(tiny_copy.out, "sm_100a").verify_launcher()
 
 
-@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("arch", ARCHES)
 def test_launcher_library_opens_without_a_driver(tiny_build, arch):
     lib = Launcher.open(Manifest(tiny_build.out, arch).verify_launcher())
     assert lib.lib.gdn_aot_abi_version() == LAUNCHER_ABI_VERSION

@@ -1,10 +1,12 @@
 """Spec parsing and validation: every error names the file, the key path and the bad value."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import textwrap
 
 import pytest
+import yaml
 
 from gdn_aot.build.spec import SpecError, load_spec, parse_spec, resolve_arches
 from gdn_aot.kernels import KERNELS
@@ -141,7 +143,8 @@ def test_shipped_specs_enumerate():
     # state dtype) pairs (bf16, fp32), (fp16, fp32), (bf16, bf16), the (BV, warps) sm_90a BV 32/w4, 64/w4, 128/w8,
     # 32/w16, 64/w16 (warp-specialised, varlen only) and sm_100a BV 64/w4, 128/w4; and with checkpoints, varlen
     # only, the (BV, warps) the dispatch table takes (sm_90a: not 64/w4)
-    per_arch = {"sm_90a": {"gdn_prepare": 8, "gdn_scan": 48 + 24}, "sm_100a": {"gdn_prepare": 8, "gdn_scan": 24 + 12}}
+    sm100 = {"gdn_prepare": 8, "gdn_scan": 24 + 12}
+    per_arch = {"sm_90a": {"gdn_prepare": 8, "gdn_scan": 48 + 24}, "sm_100a": sm100, "sm_103a": sm100}
     for arch, counts in per_arch.items():
         vs = q.for_arch(arch)
         assert {v.kernel for v in vs} == set(counts)  # no gdn_l2norm: fused into both
@@ -150,15 +153,20 @@ def test_shipped_specs_enumerate():
     assert {(v.BV, v.num_warps) for v in q.for_arch("sm_90a") if v.kernel == "gdn_scan"} == {
         (32, 4), (64, 4), (128, 8), (32, 16), (64, 16)}
     assert {v.BV for v in q.for_arch("sm_100a") if v.kernel == "gdn_scan"} == {64, 128}
-    assert len(q.variants) == 124 and len({v.key for v in q.variants}) == 124
+    assert len(q.variants) == 168 and len({v.key for v in q.variants}) == 168
+    assert _as_sm100(q.for_arch("sm_103a")) == q.for_arch("sm_100a")  # sm_103a takes sm_100a's sections
+    assert q.dispatch["sm_103a"] == q.dispatch["sm_100a"]
     ws = [v for v in q.for_arch("sm_90a") if v.num_warps == q.dispatch["sm_90a"]["gdn_scan"]["single_wave_warps"]]
     assert {(v.kernel, v.BV, v.varlen) for v in ws} == {("gdn_scan", 32, True), ("gdn_scan", 64, True)}
     assert len(ws) == 24  # (bf16, fp32), (fp16, fp32), (bf16, bf16) x BV 32, 64 x both layouts, and with checkpoints
     ckpt = [v for v in q.variants if v.checkpoints]
-    assert {v.kernel for v in ckpt} == {"gdn_scan"} and all(v.varlen for v in ckpt) and len(ckpt) == 36
+    assert {v.kernel for v in ckpt} == {"gdn_scan"} and all(v.varlen for v in ckpt) and len(ckpt) == 48
     assert {(v.BV, v.num_warps) for v in ckpt if v.arch == "sm_90a"} == {(32, 4), (128, 8), (32, 16), (64, 16)}
     t = load_spec("tiny")  # a shipped spec by name
-    assert len(t.variants) == 21
+    assert len(t.variants) == 24
+    assert {(v.kernel, v.BV, v.num_warps, v.transpose, v.state_dtype, v.checkpoints) for v in t.for_arch("sm_103a")} \
+        == {("gdn_prepare", 128, 4, False, "fp32", False), ("gdn_scan", 64, 4, False, "fp32", False),
+            ("gdn_fused", 128, 16, False, "fp32", False)}
     assert {v.kernel for v in t.variants} == {"gdn_prepare", "gdn_scan", "gdn_fused"}
     plain_scans = [v for v in t.for_arch("sm_90a") if v.kernel == "gdn_scan" and not v.checkpoints]
     assert sorted(v.transpose for v in plain_scans) == [False, False, True, True, True]  # one of them bf16-state
@@ -171,8 +179,8 @@ def test_shipped_specs_enumerate():
         ("sm_90a", "gdn_fused", 128, 16, False), ("sm_100a", "gdn_fused", 128, 16, False)}
     f = load_spec(REPO / "specs" / "fused-preview.yaml")  # every configuration, the one-kernel route only
     # with and without gating; with checkpoints for varlen batches
-    assert len(f.variants) == 72 and {v.kernel for v in f.variants} == {"gdn_fused"}
-    assert sum(v.checkpoints for v in f.variants) == 24 and all(v.varlen for v in f.variants if v.checkpoints)
+    assert len(f.variants) == 108 and {v.kernel for v in f.variants} == {"gdn_fused"}
+    assert sum(v.checkpoints for v in f.variants) == 36 and all(v.varlen for v in f.variants if v.checkpoints)
     assert all(v.num_warps == 16 and v.BT == 64 for v in f.variants)
     assert {v.dtype for v in t.variants} == {"bf16"}
     prep = [v for v in q.variants if v.kernel == "gdn_prepare"]  # BV and transpose unused: their defaults
@@ -181,7 +189,7 @@ def test_shipped_specs_enumerate():
                                                                                    (True, False)))
     assert {v.state_dtype for v in prep} == {"fp32"}  # gdn_prepare never touches the state
     assert q.dispatch["sm_90a"]["gdn_scan"]["small_batch_factor"] == 0.5  # a fraction of the SMs is allowed
-    for arch in ("sm_90a", "sm_100a"):
+    for arch in ("sm_90a", "sm_100a", "sm_103a"):
         d = q.dispatch[arch]["gdn_scan"]
         assert {d["default_BV"], d["small_batch_BV"]} <= {v.BV for v in q.for_arch(arch) if v.kernel == "gdn_scan"}
 
@@ -199,14 +207,74 @@ def test_exclusions_and_scalars(tmp_path):
 
 
 def test_resolve_arches():
-    both = ("sm_90a", "sm_100a")
-    assert resolve_arches("all", both) == both
-    assert resolve_arches("sm_90", both) == ("sm_90a",)
-    assert resolve_arches("sm_100a", both) == ("sm_100a",)
+    every = ("sm_90a", "sm_100a", "sm_103a")
+    assert resolve_arches("all", every) == every
+    assert resolve_arches("sm_90", every) == ("sm_90a",)
+    assert resolve_arches("sm_100a", every) == ("sm_100a",)
+    for word in ("sm_103", "sm_103a", "103"):
+        assert resolve_arches(word, every) == ("sm_103a",)
+    assert resolve_arches("sm_103,90", every) == ("sm_103a", "sm_90a")
     with pytest.raises(SpecError, match="sm_100a was requested"):
         resolve_arches("sm_100", ("sm_90a",), "x.yaml")
-    with pytest.raises(SpecError, match="unknown arch"):
-        resolve_arches("sm_80", both)
+    with pytest.raises(SpecError, match="sm_103a was requested"):
+        resolve_arches("sm_103", ("sm_90a", "sm_100a"), "x.yaml")
+    with pytest.raises(SpecError, match="unknown arch; use one of sm_90, sm_100, sm_103, all"):
+        resolve_arches("sm_80", every)
+
+
+def _as_sm100(variants):
+    return [dataclasses.replace(v, arch="sm_100a") for v in variants]
+
+
+SM103 = """
+K: 128
+V: 128
+arches: [sm_100a, sm_103a]
+kernels:
+  gdn_scan:
+    BV: [32, 64, 128]
+    dtype: bf16
+    launch: {sm_100a: {num_warps: [4, 8]}}
+    exclude:
+      - {arch: sm_100a, BV: 32}
+      - {BV: 128, num_warps: 4}
+dispatch:
+  sm_100a:
+    gdn_scan: {default_BV: 128, small_batch_BV: 64}
+"""
+
+
+def test_sm103a_takes_sm100a_sections():
+    """sm_103a (the sm_100a sources) takes sm_100a's launch and dispatch entries and its exclusions, unless the spec
+    gives sm_103a its own (docs/spec-format.md)."""
+    s = parse_spec(yaml.safe_load(SM103))
+    assert _as_sm100(s.for_arch("sm_103a")) == s.for_arch("sm_100a")
+    assert {(v.BV, v.num_warps) for v in s.for_arch("sm_103a")} == {(64, 4), (64, 8), (128, 8)}
+    assert s.dispatch["sm_103a"] == s.dispatch["sm_100a"]
+    own = yaml.safe_load(SM103)
+    own["kernels"]["gdn_scan"]["launch"]["sm_103a"] = {"num_warps": [4]}
+    own["kernels"]["gdn_scan"]["exclude"].append({"arch": "sm_103a", "BV": 128})
+    own["dispatch"]["sm_103a"] = {"gdn_scan": {"default_BV": 64}}
+    s = parse_spec(own)
+    assert {(v.BV, v.num_warps) for v in s.for_arch("sm_103a")} == {(64, 4)}  # sm_100a's exclusions still apply
+    assert len(s.for_arch("sm_100a")) == 3  # an exclusion naming sm_103a leaves sm_100a alone
+    assert s.dispatch["sm_103a"]["gdn_scan"]["default_BV"] == 64 and "small_batch_BV" not in s.dispatch["sm_103a"][
+        "gdn_scan"]
+    alone = yaml.safe_load(SM103)  # a spec for sm_103a alone may still write sm_100a's sections
+    alone["arches"] = ["sm_103a"]
+    s = parse_spec(alone)
+    assert {(v.BV, v.num_warps) for v in s.variants} == {(64, 4), (64, 8), (128, 8)}
+    assert set(s.dispatch) == {"sm_103a"}
+
+
+def test_sm103a_inherited_dispatch_is_checked_against_its_own_variants():
+    doc = yaml.safe_load(SM103)
+    doc["kernels"]["gdn_scan"]["exclude"].append({"arch": "sm_103a", "BV": 128})
+    doc["dispatch"]["sm_100a"]["gdn_scan"]["single_wave_warps"] = 8
+    doc["kernels"]["gdn_scan"]["launch"]["sm_103a"] = {"num_warps": [4]}
+    with pytest.raises(SpecError) as ei:
+        parse_spec(doc)
+    assert ei.value.keypath == "dispatch.sm_100a (taken by sm_103a).gdn_scan.single_wave_warps"
 
 
 def test_fused_routing(tmp_path):
@@ -228,16 +296,16 @@ def test_state_dtype_specs_enumerate():
     q = load_spec(REPO / "specs" / "qwen35.yaml")
     scans = [v for v in q.variants if v.kernel == "gdn_scan"]
     assert {(v.dtype, v.state_dtype) for v in scans} == {("bf16", "fp32"), ("fp16", "fp32"), ("bf16", "bf16")}
-    for arch in ("sm_90a", "sm_100a"):  # a bf16-state scan for every bf16 fp32-state one
+    for arch in ("sm_90a", "sm_100a", "sm_103a"):  # a bf16-state scan for every bf16 fp32-state one
         tiers = lambda state: sorted((v.BV, v.num_warps, v.varlen, v.transpose) for v in scans  # noqa: E731
                                      if v.arch == arch and v.dtype == "bf16" and v.state_dtype == state)
         assert tiers("bf16") == tiers("fp32")
     f = load_spec(REPO / "specs" / "fused-preview.yaml")
     assert {(v.dtype, v.state_dtype) for v in f.variants} == {("bf16", "fp32"), ("fp16", "fp32"), ("bf16", "bf16")}
-    assert len(f.variants) == 72
+    assert len(f.variants) == 108
     s = load_spec(REPO / "specs" / "state-dtypes.yaml")
     assert s.dispatch == q.dispatch
-    per_arch = {"sm_90a": 5, "sm_100a": 2}  # (BV, warps) tiers, as in qwen35.yaml
+    per_arch = {"sm_90a": 5, "sm_100a": 2, "sm_103a": 2}  # (BV, warps) tiers, as in qwen35.yaml
     for arch, tiers in per_arch.items():
         vs = s.for_arch(arch)
         assert sum(v.kernel == "gdn_prepare" for v in vs) == 1
