@@ -262,7 +262,7 @@ def inspect(dir, keys, dump_sass, as_json):
             if dump_sass:
                 from .sass import disassemble
 
-                click.echo(disassemble(m.dir / e["cubin"]["path"]))
+                click.echo(disassemble(m.dir / e["cubin"]["path"], m.arch))
     if as_json:
         click.echo(json.dumps(found, indent=1))
     if bad:

@@ -103,7 +103,7 @@ def compile_options(v: Variant) -> dict:
 
 def input_hash(v: Variant, common: dict) -> str:
     doc = {"variant": v.as_dict(), "options": compile_options(v), "signature": KERNELS[v.kernel].signature(v),
-           **common, "ptxas": toolchain.ptxas_version(v.arch)}
+           **common, "ptxas": toolchain.ptxas_version(v.arch), "nvdisasm": toolchain.nvdisasm_version(v.arch)}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
@@ -188,7 +188,7 @@ def _finish(v: Variant, h: str, job_dir: Path, arch_dir: Path) -> dict:
     for path, data in ((rel, cubin), (ptx_rel, ptx)):  # content-addressed: never overwrites a live file
         if not (arch_dir / path).is_file() or (arch_dir / path).read_bytes() != data:
             manifest.atomic_write(arch_dir / path, data)
-    facts = sass.analyse(arch_dir / rel)
+    facts = sass.analyse(arch_dir / rel, v.arch)
     return {
         "key": v.key, "kernel": v.kernel, "axes": v.as_dict(), "entry": meta["entry"],
         "cubin": {"path": rel, "sha256": digest, "size": len(cubin)},
@@ -206,7 +206,7 @@ def build(spec: Spec, arches, out: Path, jobs: int | None = None,
     out = Path(out)
     jobs = max(1, jobs or 1)
     common = {"kernels_source": kernels_source_sha(), "triton": toolchain.triton_version(),
-              "nvdisasm": toolchain.nvdisasm_version(), "build_code": build_code_version()}
+              "build_code": build_code_version()}
     results: dict[str, list[Result]] = {a: [] for a in arches}
     prev = {a: manifest.read_previous(out / a) for a in arches}
     todo: list[tuple[Variant, str]] = []
@@ -278,7 +278,7 @@ def _write_arch(spec: Spec, arch: str, arch_dir: Path, results: list[Result], pr
     data = {
         "schema_version": MANIFEST_SCHEMA_VERSION, "arch": arch,
         "triton_version": common["triton"], "ptxas_version": toolchain.ptxas_version(arch),
-        "ptxas": toolchain.ptxas_for(arch).name, "nvdisasm_version": common["nvdisasm"],
+        "ptxas": toolchain.ptxas_for(arch).name, "nvdisasm_version": toolchain.nvdisasm_version(arch),
         "build_code_version": common["build_code"],
         "kernels_source_sha256": common["kernels_source"],
         "spec": {"path": str(Path(spec.path).resolve()), "sha256": spec.sha256},

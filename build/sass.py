@@ -23,8 +23,8 @@ FAMILIES = ("HGMMA", "UTMALDG", "UTMASTG", "LDGSTS", "SYNCS", "WARPGROUP", "UTCH
 _INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)(\.[\w.]*)?")
 
 
-def disassemble(cubin: Path) -> str:
-    r = subprocess.run([str(nvdisasm()), "-c", str(cubin)], capture_output=True, text=True)
+def disassemble(cubin: Path, arch: str) -> str:
+    r = subprocess.run([str(nvdisasm(arch)), "-c", str(cubin)], capture_output=True, text=True)
     if r.returncode:
         raise RuntimeError(f"nvdisasm failed on {cubin}: {r.stderr.strip()}")
     return r.stdout
@@ -54,8 +54,8 @@ def loop_ranges(sass_text: str) -> list[tuple[int, int]]:
     return out
 
 
-def summary(cubin: Path, sass_text: str | None = None) -> dict:
-    text = disassemble(cubin) if sass_text is None else sass_text
+def summary(cubin: Path, arch: str, sass_text: str | None = None) -> dict:
+    text = disassemble(cubin, arch) if sass_text is None else sass_text
     insns = instructions(text)
     counts = Counter(op for _, op in insns)
     out = {fam: counts.get(fam, 0) for fam in FAMILIES}
@@ -87,9 +87,9 @@ def resource_usage(cubin: Path) -> dict:
             "static_shared": int(fields.get("SHARED", 0)), "local": int(fields.get("LOCAL", 0))}
 
 
-def analyse(cubin: Path) -> dict:
+def analyse(cubin: Path, arch: str) -> dict:
     """Everything the manifest records about the binary: resources + instruction families + spills."""
-    fam = summary(cubin)
+    fam = summary(cubin, arch)
     res = resource_usage(cubin)
     res["spill_stores"] = fam["STL"]
     res["spill_loads"] = fam["LDL"]

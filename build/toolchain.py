@@ -2,9 +2,11 @@
 
 ptxas 12.8 (sm_90a) and ptxas-blackwell 12.9 (sm_100a, sm_103a), cuobjdump 12.8 and cuda.h live under
 triton/backends/nvidia/{bin,include}. The nvdisasm bundled there (12.8) cannot decode sm_103a ("Cannot decode
-architecture"), so every cubin is disassembled by the nvdisasm of the pinned build dependency NVDISASM_DIST (a pip
-wheel of nvdisasm alone; on the sm_90a and sm_100a cubins of specs/tiny.yaml its instruction counts equal 12.8's).
-The versions of ptxas and nvdisasm go into the input hash and the manifest.
+architecture"), so cubins are disassembled by the nvdisasm of the pinned build dependency NVDISASM_DIST (a pip
+wheel of nvdisasm alone; on the sm_90a and sm_100a cubins of specs/tiny.yaml its instruction counts equal 12.8's);
+where that wheel is not installed (an offline host with the card's packages only), triton's serves the arches it
+decodes and an sm_103a build stops with the pip command. The versions of ptxas and nvdisasm go into the input hash
+and the manifest.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from ..kernels.registry import arch_capability
 # version's): also pyproject's `build` extra and the Makefile's NVDISASM_DEP
 NVDISASM_DIST = "nvidia-cuda-nvdisasm"
 NVDISASM_PIN = "13.5.37"
+BUNDLED_NVDISASM_ARCHES = ("sm_90a", "sm_100a")  # what triton's own nvdisasm (12.8) decodes
 
 
 class ToolchainError(RuntimeError):
@@ -62,14 +65,17 @@ def ptxas_for(arch: str) -> Path:
 
 
 @functools.lru_cache(None)
-def nvdisasm() -> Path:
-    """bin/nvdisasm of the installed NVDISASM_DIST wheel, which must be the pinned version."""
+def nvdisasm(arch: str) -> Path:
+    """The nvdisasm for `arch`'s cubins: bin/nvdisasm of the installed NVDISASM_DIST wheel, which must be the pinned
+    version; without the wheel, triton's own for the arches it decodes (BUNDLED_NVDISASM_ARCHES)."""
     install = f"pip install '{NVDISASM_DIST}=={NVDISASM_PIN}' (or 'gdn-aot[build]')"
     try:
         dist = importlib.metadata.distribution(NVDISASM_DIST)
     except importlib.metadata.PackageNotFoundError:
-        raise ToolchainError(f"{NVDISASM_DIST} is not installed; the build disassembles every cubin with its "
-                             f"nvdisasm (triton's cannot decode sm_103a): {install}") from None
+        if arch in BUNDLED_NVDISASM_ARCHES:
+            return nvidia_bin("nvdisasm")
+        raise ToolchainError(f"{NVDISASM_DIST} is not installed; {arch} cubins need its nvdisasm (triton's cannot "
+                             f"decode {arch}): {install}") from None
     if dist.version != NVDISASM_PIN:
         raise ToolchainError(f"{NVDISASM_DIST} {dist.version} is installed, the build is pinned to {NVDISASM_PIN}: "
                              f"{install}")
@@ -90,8 +96,8 @@ def ptxas_version(arch: str) -> str:
     return tool_version(ptxas_for(arch))
 
 
-def nvdisasm_version() -> str:
-    return tool_version(nvdisasm())
+def nvdisasm_version(arch: str) -> str:
+    return tool_version(nvdisasm(arch))
 
 
 @functools.lru_cache(None)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import json
 import os
 import re
@@ -222,9 +223,26 @@ def test_spec_with_gdn_fused_whose_source_is_missing(tmp_path, monkeypatch):
 
 
 def test_nvdisasm_pin():
-    """Every cubin is disassembled by the pinned nvdisasm wheel (triton's 12.8 cannot decode sm_103a), pinned alike
+    """Cubins are disassembled by the pinned nvdisasm wheel (triton's 12.8 cannot decode sm_103a), pinned alike
     in build/toolchain.py, pyproject's build extra and the Makefile."""
     pin = f"{toolchain.NVDISASM_DIST}=={toolchain.NVDISASM_PIN}"
     assert f'"{pin}"' in (REPO / "pyproject.toml").read_text()
     assert f"NVDISASM_DEP := {pin}" in (REPO / "Makefile").read_text()
-    assert toolchain.nvdisasm_version() == toolchain.NVDISASM_PIN
+    assert toolchain.nvdisasm_version("sm_103a") == toolchain.NVDISASM_PIN
+
+
+def test_without_the_nvdisasm_wheel_only_sm_103a_needs_it(monkeypatch):
+    """An offline host with the card's packages only (no nvdisasm wheel): triton's own nvdisasm serves sm_90a and
+    sm_100a; an sm_103a build stops with the pip command."""
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(toolchain.importlib.metadata, "distribution", missing)
+    toolchain.nvdisasm.cache_clear()
+    try:
+        for arch in ("sm_90a", "sm_100a"):
+            assert toolchain.nvdisasm(arch) == toolchain.nvidia_bin("nvdisasm")
+        with pytest.raises(toolchain.ToolchainError, match=r"sm_103a.*pip install 'nvidia-cuda-nvdisasm=="):
+            toolchain.nvdisasm("sm_103a")
+    finally:
+        toolchain.nvdisasm.cache_clear()

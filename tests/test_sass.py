@@ -103,7 +103,7 @@ def test_checkpoint_stores_only_in_checkpoint_variants(tiny_build, arch, kernel)
     only; the others have no global store in any loop (their outputs leave by TMA, the final state after the
     loop)."""
     for key, e in tiny_build.require(arch, kernel).items():
-        text = sass.disassemble(tiny_build.out / arch / e["cubin"]["path"])
+        text = sass.disassemble(tiny_build.out / arch / e["cubin"]["path"], arch)
         loops = sass.loop_ranges(text)
         in_loops = sum(1 for at, op in sass.instructions(text) if op == "STG" and any(a <= at <= b for a, b in loops))
         assert (in_loops > 0) == e["axes"]["checkpoints"], (key, in_loops)
@@ -143,7 +143,7 @@ def test_summary_matches_manifest(tiny_build):
     """sass.summary() re-run on a cubin agrees with what the build recorded."""
     for arch in ARCHES:
         for key, e in tiny_build.entries(arch).items():
-            assert sass.summary(tiny_build.out / arch / e["cubin"]["path"]) == e["sass"], key
+            assert sass.summary(tiny_build.out / arch / e["cubin"]["path"], arch) == e["sass"], key
 
 
 def test_opcode_parser():
