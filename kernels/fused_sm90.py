@@ -310,17 +310,9 @@ def publish_row_scalings(terms, gates, c, gam_r, seq_len, scale, rows: gl.conste
 def chunk_decay(gates, c, gam_r, i, j, n_rows, cols: gl.constexpr):
     """e^(gam_t - gam_s) rk_s of chunk c on the causal triangle of its live rows (t >= s, t < n_rows), else 0;
     gam_r and the row indices i in the rows layout, the column indices j in `cols`. The exponent is -inf off the
-    triangle, so exp is never taken of a positive gam_t - gam_s (s > t), which can overflow."""
-    slot = c % NUM_SLOTS
-    causal = (i >= j) & (i < n_rows)
-    exponent = gl.expand_dims(gam_r, 1) - gl.expand_dims(gates.gam.index(slot).load(cols), 0)
-    return gl.exp2(gl.where(causal, exponent, -float("inf"))) * gl.expand_dims(gates.rk.index(slot).load(cols), 0)
-
-
-@gluon.jit
-def _live_chunk_decay(gates, c, gam_r, i, j, n_rows, cols: gl.constexpr):
-    """chunk_decay, with the live-row bound folded into the rows' exponents (gam_t = -inf for t >= n_rows: two
-    values a thread) instead of a second mask over the whole tile: one masked pass, the causal one."""
+    triangle, so exp is never taken of a positive gam_t - gam_s (s > t), which can overflow; the live-row bound
+    goes into the rows' exponents (gam_t = -inf for t >= n_rows: two values a thread), so the tile takes one
+    masked pass, the causal one."""
     slot = c % NUM_SLOTS
     r = gl.arange(0, gam_r.shape[0], gam_r.type.layout)
     gam_t = gl.where(r < n_rows, gam_r, -float("inf"))
@@ -449,7 +441,7 @@ def _aux_partition(inputs, gates, terms, inverse_tiles, q_desc, k_desc, v_desc, 
         terms.bars.wait_empty(c)
         gam_r = gates.gam.index(slot).load(rows)
         a_rows = publish_row_scalings(terms, gates, c, gam_r, seq_len, scale, rows)
-        decay = _live_chunk_decay(gates, c, gam_r, i, j, seq_len - c * BT, cols)
+        decay = chunk_decay(gates, c, gam_r, i, j, seq_len - c * BT, cols)
         gates.bars.release(c)
         # -A: the inverse's tiles hold the negated blocks (_unit_lower_inverse)
         a = gl.where(i > j, kk * decay * gl.expand_dims(-a_rows, 1), 0.0)
