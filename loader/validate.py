@@ -125,6 +125,11 @@ def _check_gate(name, x, shape) -> None:
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if x.shape != shape:
         raise ValueError(f"{name} must have shape [B, T, HV] = {list(shape)}, got {list(x.shape)}")
+    _check_float(name, x)
+
+
+def _check_float(name, x) -> None:
+    """g, beta, A_log, dt_bias: any of FLOAT_DTYPES (the API converts them to fp32 for the kernels)."""
     if x.dtype not in FLOAT_DTYPES:
         raise TypeError(f"{name} must be float32, bfloat16 or float16, got {x.dtype}")
 
@@ -287,8 +292,7 @@ def _check_gating(c: Call, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_
             if x is None and name == "dt_bias":
                 continue
             _check_tensor(name, x, dims=1)
-            if x.dtype not in FLOAT_DTYPES:
-                raise TypeError(f"{name} must be float32, bfloat16 or float16, got {x.dtype}")
+            _check_float(name, x)
             if x.shape[0] != c.HV:
                 raise ValueError(f"{name} must have shape [HV] = [{c.HV}] (one value a value head), got "
                                  f"{tuple(x.shape)}")
