@@ -23,11 +23,11 @@ Partitions, 16 warps (registers a thread by setmaxnreg; the kernel is compiled a
     same when S q^T is still in flight while v_new's products are issued: S k^T and S q^T are waited on together;
   * aux, one warpgroup, AUX_REGS: what a chunk needs that does not depend on the state, up to NUM_SLOTS chunks
     ahead of it: k k^T and q k^T on wgmma (rk is the diagonal of k k^T), the decay matrix, P, the row scalings,
-    and Tc by the blocked inverse: ten fp16 wgmma whose A operands are registers (the accumulator's own,
-    converted in place) or a staged tile, their B operands staged fp16 tiles, and two products with the identity
-    tile for its identity terms (no diagonal mask, no tile read back into registers). Its products run one at a time:
-    two in flight need more registers than the partition has, and ptxas then serialises every wgmma of the
-    kernel (C7512);
+    and Tc by the blocked inverse: the diagonal 16 x 16 blocks by forward substitution in fp32 on the CUDA cores
+    (a thread a column), then four fp16 wgmma whose A operands are registers (the accumulator's own, converted in
+    place) or a staged tile, their B operands staged fp16 tiles, W's identity term a product with an identity
+    tile. Its products run one at a time: two in flight need more registers than the partition has, and ptxas
+    then serialises every wgmma of the kernel (C7512);
   * load, LOAD_WARPS warps at 24 registers: TMA of the q, k, v tiles through per-sequence descriptors whose row
     bound is the sequence's length (a chunk's tail is zero-filled and never reads the next sequence), the
     chunk's gates (gam = cumsum(g) by a warp scan), which wait for nothing but their slot, and, once the q tile
@@ -37,8 +37,8 @@ Partitions, 16 warps (registers a thread by setmaxnreg; the kernel is compiled a
 Rings (InputRing, GateRing, TermRing below; each slot a ready and an empty mbarrier, SlotBarriers): the inputs
 (load -> aux and state), the gates (load -> aux; the aux partition adds rk) and the chunk terms (aux -> state,
 and rq, load -> state).
-Shared memory (218 KB of the 227 KB a CTA may have): inputs 2 x 48 KB, terms 2 x 25 KB, the inverse's six fp16
-tiles 48 KB (one the identity), o staging 16 KB; one program an SM.
+Shared memory (218 KB of the 227 KB a CTA may have): inputs 2 x 48 KB, terms 2 x 25 KB, the inverse's five fp16
+tiles 40 KB (one the identity) and 8 KB of fp32 blocks, o staging 16 KB; one program an SM.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -71,9 +71,14 @@ V_SCALE = gl.constexpr(2)
 O_SCALE = gl.constexpr(3)
 STATE_SCALE = gl.constexpr(4)  # e^gl in every entry
 SCALINGS = gl.constexpr(5)
-# the inverse's fp16 tiles: -Lb, -L, two power/scratch tiles, D^-1, and the identity (EYE_TILE, written once)
-INVERSE_TILES = gl.constexpr(6)
-EYE_TILE = gl.constexpr(5)
+# the inverse's fp16 operand tiles: -L, N', W, D^-1 and the identity (written once)
+L_TILE = gl.constexpr(0)
+N_TILE = gl.constexpr(1)
+W_TILE = gl.constexpr(2)
+D_TILE = gl.constexpr(3)
+EYE_TILE = gl.constexpr(4)
+INVERSE_TILES = gl.constexpr(5)
+BLOCK = gl.constexpr(16)  # the inverse's diagonal blocks
 
 
 @aggregate
@@ -194,6 +199,34 @@ class TermRing:
         return self.scalings.index((chunk % NUM_SLOTS) * SCALINGS + row)
 
 
+@aggregate
+class InverseScratch:
+    """The aux partition's working tiles for the inverse (_unit_lower_inverse): fp16 operand tiles [INVERSE_TILES,
+    BT, BT] (L_TILE ... EYE_TILE) and fp32 [2, BLOCK, BT / BLOCK, BLOCK]: the diagonal blocks of -A, then their
+    inverses."""
+    tiles: gl.shared_memory_descriptor
+    blocks: gl.shared_memory_descriptor
+
+    @gluon.constexpr_function
+    def __init__(self, tiles, blocks):
+        self.tiles = tiles
+        self.blocks = blocks
+
+    @gluon.jit
+    def make(BT: gl.constexpr):
+        tiles = gl.allocate_shared_memory(gl.float16, [INVERSE_TILES, BT, BT],
+                                          gl.NVMMASharedLayout.get_default_for([BT, BT], gl.float16))
+        blocks = gl.allocate_shared_memory(gl.float32, [2, BLOCK, BT // BLOCK, BLOCK],
+                                           gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
+        return InverseScratch(tiles, blocks)
+
+    @gluon.jit
+    def tile(self, which, c):
+        """Operand tile `which`, its index a value of chunk c (a constant index lets the compiler hoist the
+        descriptors out of the loop, and spill them)."""
+        return self.tiles.index(loop_variant(which, c))
+
+
 @gluon.jit
 def _add(a, b):
     return a + b
@@ -264,7 +297,7 @@ def _request_inputs(inputs, q_desc, k_desc, v_desc, c):
 
 
 @gluon.jit
-def _load_partition(inputs, gates, terms, inverse_tiles, q_desc, k_desc, v_desc, gate_source, seq_len, HV,
+def _load_partition(inputs, gates, terms, scratch, q_desc, k_desc, v_desc, gate_source, seq_len, HV,
                     scale, flags):
     """For each chunk c: its gates into the gate ring (they wait for nothing but their slot), the TMA of chunk
     c + 1's q, k, v tiles (as soon as their slot is free), then the inverse norms of chunk c's q rows into the
@@ -348,46 +381,80 @@ def _product(a, b_tile, acc, use_acc: gl.constexpr):
 
 
 @gluon.jit
-def _unit_lower_inverse(lb_tile, l_tile, even_tile, odd_tile, d_tile, eye_tile, zero):
+def _same_block(x4):
+    """[NB, 1, NB, 1] mask of the diagonal blocks of x4, a [NB, BLOCK, NB, BLOCK] view of a [BT, BT] tile."""
+    NB: gl.constexpr = x4.shape[0]
+    l4: gl.constexpr = x4.type.layout
+    rows = gl.arange(0, NB, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, l4))))
+    cols = gl.arange(0, NB, gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, l4))))
+    return gl.expand_dims(gl.expand_dims(gl.expand_dims(rows, 1), 2), 3) == \
+        gl.expand_dims(gl.expand_dims(gl.expand_dims(cols, 0), 1), 3)
+
+
+@gluon.jit
+def _stage_diagonal_blocks(a, blocks):
+    """The diagonal [BLOCK, BLOCK] blocks of a [BT, BT] (the wgmma accumulator layout) into `blocks`, fp32
+    [BLOCK, BT / BLOCK, BLOCK] with column s of block b at [s, b], as _solve_diagonal_blocks reads them. A
+    thread's rows hold every column block, so picking the diagonal one is a sum in registers."""
+    NB: gl.constexpr = a.shape[0] // BLOCK
+    a4 = gl.reshape(a, [NB, BLOCK, NB, BLOCK])
+    blocks.store(gl.permute(gl.sum(gl.where(_same_block(a4), a4, 0.0), axis=2), [2, 0, 1]))
+
+
+@gluon.jit
+def _solve_diagonal_blocks(blocks, solved, like):
+    """D^-1 = (I - Nb)^-1 for Nb the staged diagonal blocks of -A, by forward substitution in fp32 on the CUDA
+    cores; returned block diagonal in the layout of `like` (the [BT, BT] wgmma accumulator layout).
+
+    A thread owns one column of one block's inverse X, its BLOCK rows in registers. Step s adds Nb[:, s] X[s, :]
+    to X (row s is final by then, Nb being strictly lower): 15 steps of 16 FMA a thread, the columns of Nb by
+    broadcast 16-byte loads, no barrier and no tensor-core round trip. Repeated squaring, which this replaces,
+    was 7 dependent wgmma and 3 staged fp16 tiles, and formed the powers of a block, which grow where the inverse
+    does not (alike keys; beta up to 2)."""
+    NB: gl.constexpr = blocks.shape[1]
+    BT: gl.constexpr = NB * BLOCK
+    columns = blocks._reinterpret(gl.float32, blocks.shape, gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    # [block, row, column]: rows in registers, 16 lanes along the columns, blocks over lanes and warps (each
+    # column twice over the 4 warps)
+    solve: gl.constexpr = gl.BlockedLayout([1, BLOCK, 1], [2, 1, 16], [gl.num_warps(), 1, 1], [1, 2, 0])
+    t = gl.expand_dims(gl.expand_dims(gl.arange(0, BLOCK, gl.SliceLayout(0, gl.SliceLayout(2, solve))), 0), 2)
+    col = gl.expand_dims(gl.expand_dims(gl.arange(0, BLOCK, gl.SliceLayout(0, gl.SliceLayout(1, solve))), 0), 1)
+    x = gl.where(t == col, 1.0, 0.0) + gl.zeros([NB, BLOCK, BLOCK], gl.float32, solve)
+    for s in gl.static_range(BLOCK - 1):
+        x_s = gl.sum(gl.where(t == s, x, -0.0), axis=1)  # row s: one register (adding -0.0 folds away)
+        x = x + gl.expand_dims(columns.index(s).load(gl.SliceLayout(2, solve)), 2) * gl.expand_dims(x_s, 1)
+    solved = solved._reinterpret(gl.float32, [NB, BLOCK, BLOCK], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
+    solved.store(x)
+    gl.thread_barrier()
+    # back in the accumulator layout: each block repeated along its block row, the off-diagonal copies zero
+    view = gl.reshape(like, [NB, BLOCK, NB, BLOCK])
+    spread = gl.where(_same_block(view), gl.expand_dims(solved.load(gl.SliceLayout(2, view.type.layout)), 2), 0.0)
+    return gl.convert_layout(gl.reshape(spread, [BT, BT]), like.type.layout)
+
+
+@gluon.jit
+def _unit_lower_inverse(blocks, solved, l_tile, n_tile, w_tile, d_tile, eye_tile, zero):
     """(I + A)^-1 for strictly lower-triangular A [BT, BT] (BT = 64), blocked by 16 (docs/algorithm.md): I + A =
     D (I + N) with D = I + Lb, Lb the diagonal 16 x 16 blocks of A and L the rest, N = D^-1 L, N^4 = 0.
-    lb_tile and l_tile hold -Lb and -L (fp16, staged: the negated A), eye_tile the identity (fp16, written once).
-    Ten fp16 wgmma (fp16 has tf32's 10-bit mantissa; the entries stay far inside its range: |Lb^8| <= C(14, 7) = 3432
-    for |A| <= 1: unit keys, beta <= 1), accumulation in fp32, one at a time:
-        D^-1 = (I - Lb)(I + Lb^2)(I + Lb^4)(I + Lb^8)      (Lb^16 = 0)
+    blocks holds -Lb (fp32, _stage_diagonal_blocks), l_tile -L (fp16, staged), eye_tile the identity (fp16,
+    written once). D^-1 by forward substitution (_solve_diagonal_blocks), then four fp16 wgmma (fp16 has tf32's
+    10-bit mantissa), accumulation in fp32, one at a time:
         N' = D^-1 (-L) = -N;  W = (I + N') D^-1;  Tc = W + N'^2 W
-    The identity terms (I - Lb, and W's I D^-1) are products with eye_tile on the tensor cores, in the same
-    accumulation as the product beside them: no mask of the diagonal, no tile read back into registers, and
-    the same values as adding them on the CUDA cores (a product with I is exact). A power times itself reads both
-    operands from its staged tile. A tile is rewritten at least two stages after its last read, so the barrier of
-    the stage in between orders every warp's wgmma wait before the store."""
-    d_inv = warpgroup_mma(eye_tile, eye_tile, zero, use_acc=False, is_async=True)
-    d_inv = warpgroup_mma(lb_tile, eye_tile, d_inv, is_async=True)  # I - Lb
-    d_inv = warpgroup_mma_wait(0, deps=[d_inv])
-    power = warpgroup_mma(lb_tile, lb_tile, zero, use_acc=False, is_async=True)
-    power = warpgroup_mma_wait(0, deps=[power])
-    for r in gl.static_range(3):  # power = Lb^(2^(r+1))
-        if r % 2 == 0:
-            tile = even_tile
-        else:
-            tile = odd_tile
-        _stage(tile, power)
-        d_inv = _product(d_inv, tile, d_inv, use_acc=True)
-        d_inv = warpgroup_mma_wait(0, deps=[d_inv])
-        if r < 2:
-            power = warpgroup_mma(tile, tile, zero, use_acc=False, is_async=True)
-            power = warpgroup_mma_wait(0, deps=[power])
+    W's identity term is a product with eye_tile in the same accumulation as N' D^-1 (a product with I is
+    exact). A tile is rewritten at least two stages after its last read, so the barrier of the stage in between
+    orders every warp's wgmma wait before the store."""
+    d_inv = _solve_diagonal_blocks(blocks, solved, zero)
     _stage(d_tile, d_inv)
     n = warpgroup_mma(d_tile, l_tile, zero, use_acc=False, is_async=True)  # N' = -N
     n = warpgroup_mma_wait(0, deps=[n])
-    _stage(even_tile, n)
-    n2 = warpgroup_mma(even_tile, even_tile, zero, use_acc=False, is_async=True)
+    _stage(n_tile, n)
+    n2 = warpgroup_mma(n_tile, n_tile, zero, use_acc=False, is_async=True)
     n2 = warpgroup_mma_wait(0, deps=[n2])
     w = warpgroup_mma(eye_tile, d_tile, zero, use_acc=False, is_async=True)
     w = _product(n, d_tile, w, use_acc=True)  # D^-1 + N' D^-1
     w = warpgroup_mma_wait(0, deps=[w])
-    _stage(odd_tile, w)
-    tc = _product(n2, odd_tile, w, use_acc=True)
+    _stage(w_tile, w)
+    tc = _product(n2, w_tile, w, use_acc=True)
     return warpgroup_mma_wait(0, deps=[tc])
 
 
@@ -405,7 +472,7 @@ def publish_key_norms(gates, c, kk, i, j, flags):
 
 
 @gluon.jit
-def _aux_partition(inputs, gates, terms, inverse_tiles, q_desc, k_desc, v_desc, gate_source, seq_len, HV,
+def _aux_partition(inputs, gates, terms, inverse, q_desc, k_desc, v_desc, gate_source, seq_len, HV,
                    scale, flags):
     """The state-independent terms of every chunk (see the module docstring), into the terms ring."""
     BT: gl.constexpr = q_desc.block_type.shape[0]
@@ -417,7 +484,7 @@ def _aux_partition(inputs, gates, terms, inverse_tiles, q_desc, k_desc, v_desc, 
     j0 = gl.expand_dims(gl.arange(0, BT, cols), 0)
     zero = gl.zeros([BT, BT], gl.float32, acc_tt)
     # the identity, once: the inverse's identity terms are products with it (_unit_lower_inverse)
-    eye_tile = inverse_tiles.index(EYE_TILE)
+    eye_tile = inverse.tiles.index(EYE_TILE)
     eye_tile.store(gl.where(i0 == j0, 1.0, 0.0).to(gl.float16))
     fence_async_shared()
     gl.thread_barrier()
@@ -445,23 +512,18 @@ def _aux_partition(inputs, gates, terms, inverse_tiles, q_desc, k_desc, v_desc, 
         gates.bars.release(c)
         # -A: the inverse's tiles hold the negated blocks (_unit_lower_inverse)
         a = gl.where(i > j, kk * decay * gl.expand_dims(-a_rows, 1), 0.0)
-        in_block = (i // 16) == (j // 16)
-        lb_tile = inverse_tiles.index(loop_variant(0, c))
-        l_tile = inverse_tiles.index(loop_variant(1, c))
-        # the split in fp32, L as the exact difference (one of the two terms is 0): one masked pass, and no
-        # select of fp16 halves
-        lb = gl.where(in_block, a, 0.0)
-        lb_tile.store(lb.to(gl.float16))
-        l_tile.store((a - lb).to(gl.float16))
+        # -Lb in fp32 for the forward substitution, -L as an fp16 operand tile
+        _stage_diagonal_blocks(a, inverse.blocks.index(0))
+        l_tile = inverse.tile(L_TILE, c)
+        l_tile.store(gl.where((i // BLOCK) == (j // BLOCK), 0.0, a).to(gl.float16))
         qk = warpgroup_mma(q_s, k_s.permute((1, 0)), zero, use_acc=False)
         inputs.bars.release(c)
         terms.p.index(slot).store((qk * decay * scale).to(dtype))
         fence_async_shared()
         gl.thread_barrier()
 
-        tc = _unit_lower_inverse(lb_tile, l_tile, inverse_tiles.index(loop_variant(2, c)),
-                                 inverse_tiles.index(loop_variant(3, c)), inverse_tiles.index(loop_variant(4, c)),
-                                 eye_tile, zero)
+        tc = _unit_lower_inverse(inverse.blocks.index(0), inverse.blocks.index(1), l_tile, inverse.tile(N_TILE, c),
+                                 inverse.tile(W_TILE, c), inverse.tile(D_TILE, c), eye_tile, zero)
         publish_inverse(terms, c, tc, dtype)
         fence_async_shared()
         terms.bars.publish(c)
@@ -603,13 +665,12 @@ def fused_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0, ht, state_ind
                                                              HV, K, V, BT)
     # --- shared memory: the three rings, the inverse's fp16 operand tiles, the output staging tile
     inputs, gates, terms = chunk_rings(q_desc, k_desc, v_desc)
-    inverse_tiles = gl.allocate_shared_memory(gl.float16, [INVERSE_TILES, BT, BT],
-                                              gl.NVMMASharedLayout.get_default_for([BT, BT], gl.float16))
+    inverse = InverseScratch.make(BT)
     o_stage = gl.allocate_shared_memory(dtype, [BT, V], o_desc.layout)
     checkpoints = Checkpoints(state_checkpoints, checkpoint_rows, checkpoint_cu_starts, checkpoint_every_n_tokens, HV,
                               BT, V, TRANSPOSE_STATE, CHECKPOINTS)
 
-    worker_args = (inputs, gates, terms, inverse_tiles, q_desc, k_desc, v_desc, gate_source, seq_len, HV, scale,
+    worker_args = (inputs, gates, terms, inverse, q_desc, k_desc, v_desc, gate_source, seq_len, HV, scale,
                    flags)
     state = gl.warp_specialize([
         (_state_partition, (state, inputs, terms, o_desc, o_stage, seq_len, checkpoints)),
