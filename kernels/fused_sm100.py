@@ -8,13 +8,13 @@ read a 16-bit copy of it from TMEM as tcgen05's A operand, the counterpart of sm
 other [V, BT] A operands (kh, v_new, v_dec) go the same way. With rq, rk the inverse L2 norms of the q and k rows
 (1 without FUSED_L2NORM), gam = cumsum(g) and gl = gam of the chunk's last row:
     A      = beta_t rk_t rk_s (k k^T)_ts e^(gam_t - gam_s),  s < t                          (aux)
-    Tc     = (I + A)^-1;  Tv = Tc diag(beta),  Tk = -Tc diag(beta e^gam rk)                 (aux)
+    Tc     = (I + A)^-1;  Tv = Tc diag(beta)                                                 (aux)
     P      = scale rk_s (q k^T)_ts e^(gam_t - gam_s),        s <= t                         (aux)
     kh     = S k^T                                       [V, BT]     (state, critical path)
-    v_new  = v^T Tv^T + kh Tk^T                          [V, BT]     (state, critical path)
+    v_new  = v^T Tv^T - kh diag(e^gam rk) Tv^T           [V, BT]     (state, critical path)
     o      = ((S q^T) diag(scale e^gam) + v_new P^T) diag(rq)    [V, BT] = o^T   (state, beside the path)
     S      = e^gl S + v_new diag(e^(gl - gam) rk) k      [V, K]      (state, critical path)
-S, kh, v_new, v_dec = v_new diag(...), Tv, Tk and P enter the products in the input dtype, every product
+S, kh diag(e^gam rk), v_new, v_dec = v_new diag(...), Tv and P enter the products in the input dtype, every product
 accumulates in fp32, the inverse is tf32, S stays fp32.
 Partitions, 16 warps. The kernel is compiled for the 8
 default warps at 128 registers a thread, a full register file, and setmaxnreg moves them:
@@ -24,7 +24,7 @@ default warps at 128 registers a thread, a full register file, and setmaxnreg mo
     S -> kh -> v_new -> S is what the recurrence waits on;
   * aux, 4 warps, AUX_REGS = 184 (at 168 it spills loop invariants and reloads them every chunk): all that
     does not depend on the state (k k^T and q k^T, the decay, the row scalings, P, gdn_prepare's blocked tf32
-    inverse, imported from prepare_sm100.py, one diagonal block a warp, hence 4 warps, and Tv, Tk), up to
+    inverse, imported from prepare_sm100.py, one diagonal block a warp, hence 4 warps, and Tv), up to
     NUM_SLOTS chunks ahead of the state;
   * load, 4 warps, 24 registers: fused_sm90.py's load partition as it is: TMA of the q, k, v tiles through
     per-sequence descriptors whose row bound is the sequence's length (a chunk's tail is zero-filled, never the
@@ -39,11 +39,11 @@ wrote just before and is waited on right after, so a separate MMA warp would add
 the chain and take no work off it. The state's MMAs on one input slot are followed by a tcgen05_commit on that
 slot's empty barrier, so the slot goes back to the load warp when the tensor cores are done reading it.
 Rings (fused_sm90.py's InputRing, GateRing, TermRing): the inputs (q, k, v; ready when the TMA bytes land; empty
-once the aux's and the state's MMAs have read them), the gates (load -> aux) and the chunk terms (Tv, Tk, P, row
+once the aux's and the state's MMAs have read them), the gates (load -> aux) and the chunk terms (Tv, P, row
 scalings; aux -> state).
 TMEM, all 512 columns: S 128, its 16-bit copy 64 (whose columns then hold the 16-bit kh, then v_new, and v_dec),
 S k^T then v_new P^T 64, S q^T 64, v_new 64; the aux's k k^T (then the inverse's accumulator) and q k^T 64 each.
-Shared memory (217 KB): inputs 2 x 48 KB, terms 2 x 25 KB, gates 2.5 KB, the inverse's two fp32 operand tiles
+Shared memory (201 KB): inputs 2 x 48 KB, terms 2 x 17 KB, gates 2.5 KB, the inverse's two fp32 operand tiles
 32 KB, o staging 2 x 16 KB.
 """
 from triton.experimental import gluon
@@ -57,7 +57,7 @@ from triton.language.core import _aggregate as aggregate
 from . import FUSED_HAS_H0 as _HAS_H0, FUSED_STORE_HT as _STORE_HT
 from .common import (Checkpoints, GateSource, load_state_tile, loop_variant, sequence_bounds, state_io_layout,
                      store_state_tile)
-from .fused_sm90 import (GATE_IN_KERNEL, LOAD_REGS, LOAD_WARPS, NUM_SLOTS, O_SCALE,
+from .fused_sm90 import (GATE_IN_KERNEL, K_SCALE, LOAD_REGS, LOAD_WARPS, NUM_SLOTS, O_SCALE,
                          STATE_SCALE, V_SCALE, _load_partition, chunk_decay, chunk_rings, head_tiles, publish_inverse,
                          publish_key_norms, publish_row_scalings, state_slot)
 from .prepare_sm100 import _unit_lower_inverse
@@ -205,15 +205,16 @@ def _state_partition(st, inputs, terms, o_desc, o_stage, seq_len, checkpoints):
         tcgen05_mma(st.s16, q_s.permute((1, 0)), st.qh, use_acc=False)
         tcgen05_commit(st.bars.index(KQ_DONE))
 
-        # --- v_new = v^T (Tc diag(beta))^T + kh (-Tc diag(beta e^gam rk))^T: the column scalings ride in the
-        # two copies of Tc; the first product reads v^T straight from its TMA tile and runs while kh does
+        # --- v_new = v^T Tv^T + (kh diag(-e^gam rk)) Tv^T: the first product reads v^T straight from its TMA tile
+        # and runs while kh does; kh's column scaling rides in its copy to 16 bits
         terms.bars.wait_ready(c)
         tcgen05_mma(inputs.v.index(slot).permute((1, 0)), terms.tc_v.index(slot).permute((1, 0)), st.vn,
                     use_acc=False)
         mbarrier.wait(st.bars.index(KQ_DONE), phase)
-        st.x16.store(st.kh.load(reg_vt).to(dtype))
+        k_scale = terms.scaling(c, K_SCALE).load(cols)
+        st.x16.store((st.kh.load(reg_vt) * gl.expand_dims(k_scale, 0)).to(dtype))
         _tmem_operands_ready()
-        tcgen05_mma(st.x16, terms.tc_k.index(slot).permute((1, 0)), st.vn, use_acc=True)
+        tcgen05_mma(st.x16, terms.tc_v.index(slot).permute((1, 0)), st.vn, use_acc=True)
         tcgen05_commit(st.bars.index(VN_DONE))
         # e^gl S while the tensor cores compute v_new (no MMA in flight touches st.s)
         state_decay = gl.max(terms.scaling(c, STATE_SCALE).load(cols), axis=0)

@@ -8,14 +8,14 @@ of two warpgroups (64 value rows each), so every product with it takes it as wgm
 state is never copied to shared memory. With rq, rk the inverse L2 norms of the q and k rows (1 without
 FUSED_L2NORM), gam = cumsum(g) and gl = gam of the chunk's last row:
     A      = beta_t rk_t rk_s (k k^T)_ts e^(gam_t - gam_s),  s < t                     (aux)
-    Tc     = (I + A)^-1;  Tv = Tc diag(beta),  Tk = -Tc diag(beta e^gam rk)            (aux)
+    Tc     = (I + A)^-1;  Tv = Tc diag(beta)                                            (aux)
     P      = scale rk_s (q k^T)_ts e^(gam_t - gam_s),        s <= t                    (aux)
     kh     = S k^T                                       [V, BT]    (state, critical path)
-    v_new  = v^T Tv^T + kh Tk^T                          [V, BT]    (state, critical path)
+    v_new  = (v^T - kh diag(e^gam rk)) Tv^T              [V, BT]    (state, critical path)
     o      = ((S q^T) diag(scale e^gam) + v_new P^T) diag(rq)        [V, BT] = o^T   (state, beside the path)
     S      = e^gl S + v_new diag(e^(gl - gam) rk) k      [V, K]     (state, critical path)
-The column scalings of v_new ride in the two copies of Tc, and v^T goes from its TMA tile straight into the
-tensor cores, so the state partition holds no per-column vectors while its products are in flight.
+v_new is one product: v^T (ldmatrix from its TMA tile) and the scaled kh are summed in registers and enter the
+tensor cores once, so the critical path S -> kh -> v_new -> S has three products, not four.
 Partitions, 16 warps (registers a thread by setmaxnreg; the kernel is compiled at 128, a full register file):
   * state, the default partition: 2 warpgroups, (2048 - 4 * AUX_REGS - 4 * LOAD_REGS) / 8 = 192 registers: S
     alone is 64 a thread, its bf16 copy (the A operand of S k^T and S q^T) 32, each [V, BT] accumulator 32.
@@ -37,7 +37,7 @@ Partitions, 16 warps (registers a thread by setmaxnreg; the kernel is compiled a
 Rings (InputRing, GateRing, TermRing below; each slot a ready and an empty mbarrier, SlotBarriers): the inputs
 (load -> aux and state), the gates (load -> aux; the aux partition adds rk) and the chunk terms (aux -> state,
 and rq, load -> state).
-Shared memory (218 KB of the 227 KB a CTA may have): inputs 2 x 48 KB, terms 2 x 25 KB, the inverse's five fp16
+Shared memory (202 KB of the 227 KB a CTA may have): inputs 2 x 48 KB, terms 2 x 17 KB, the inverse's five fp16
 tiles 40 KB (one the identity) and 8 KB of fp32 blocks, o staging 16 KB; one program an SM.
 """
 from triton.experimental import gluon
@@ -63,8 +63,8 @@ LOAD_REGS = gl.constexpr(24)
 LOAD_WARPS = gl.constexpr(4)
 LOG2E = gl.constexpr(1.4426950408889634)
 STATE_WARPS = gl.constexpr(8)
-# rows of a chunk-terms slot's scaling tile: beta and the column scalings of kh (beta e^gam rk), of v_new before
-# the state update and of S q^T (scale e^gam), and the state's decay
+# rows of a chunk-terms slot's scaling tile: beta and the column scalings of kh (-e^gam rk), of v_new before the
+# state update and of S q^T (scale e^gam), and the state's decay
 BETA = gl.constexpr(0)
 K_SCALE = gl.constexpr(1)
 V_SCALE = gl.constexpr(2)
@@ -171,12 +171,11 @@ class GateRing:
 
 @aggregate
 class TermRing:
-    """What the state partition takes for a chunk: from the aux partition Tc diag(beta), -Tc diag(beta e^gam rk)
-    and P [NUM_SLOTS, BT, BT] in the input dtype and the SCALINGS row scalings [NUM_SLOTS * SCALINGS, BT] fp32
+    """What the state partition takes for a chunk: from the aux partition Tc diag(beta) and P [NUM_SLOTS, BT, BT]
+    in the input dtype and the SCALINGS row scalings [NUM_SLOTS * SCALINGS, BT] fp32
     (bars); from the load partition rq [NUM_SLOTS, BT] fp32, the column scaling of o^T, which the state needs
     last (rq_bars: its own barriers, so the state never waits for it to start a chunk)."""
     tc_v: gl.shared_memory_descriptor
-    tc_k: gl.shared_memory_descriptor
     p: gl.shared_memory_descriptor
     scalings: gl.shared_memory_descriptor
     bars: SlotBarriers
@@ -184,9 +183,8 @@ class TermRing:
     rq_bars: SlotBarriers
 
     @gluon.constexpr_function
-    def __init__(self, tc_v, tc_k, p, scalings, bars, rq, rq_bars):
+    def __init__(self, tc_v, p, scalings, bars, rq, rq_bars):
         self.tc_v = tc_v
-        self.tc_k = tc_k
         self.p = p
         self.scalings = scalings
         self.bars = bars
@@ -330,7 +328,7 @@ def publish_row_scalings(terms, gates, c, gam_r, seq_len, scale, rows: gl.conste
     gam_last = gates.gam_last.index(slot).load(rows)
     e_gam = gl.exp2(gam_r)
     terms.scaling(c, BETA).store(beta)
-    terms.scaling(c, K_SCALE).store(beta * e_gam * rk)
+    terms.scaling(c, K_SCALE).store(-e_gam * rk)
     # rows past the sequence's end get v_dec = 0, so they never reach the state
     terms.scaling(c, V_SCALE).store(gl.where(gl.arange(0, BT, rows) < seq_len - c * BT,
                                              gl.exp2(gam_last - gam_r) * rk, 0.0))
@@ -355,12 +353,11 @@ def chunk_decay(gates, c, gam_r, i, j, n_rows, cols: gl.constexpr):
 
 @gluon.jit
 def publish_inverse(terms, c, tc, dtype: gl.constexpr):
-    """Tv = Tc diag(beta) and Tk = -Tc diag(beta e^gam rk) of chunk c into the terms ring (the column scalings
-    from the chunk's BETA and K_SCALE rows, which publish_row_scalings wrote)."""
+    """Tv = Tc diag(beta) of chunk c into the terms ring (beta from the chunk's BETA row, which
+    publish_row_scalings wrote)."""
     slot = c % NUM_SLOTS
     cols: gl.constexpr = gl.SliceLayout(0, tc.type.layout)
     terms.tc_v.index(slot).store((tc * gl.expand_dims(terms.scaling(c, BETA).load(cols), 0)).to(dtype))
-    terms.tc_k.index(slot).store((tc * gl.expand_dims(-terms.scaling(c, K_SCALE).load(cols), 0)).to(dtype))
 
 
 @gluon.jit
@@ -555,12 +552,12 @@ def _state_partition(state, inputs, terms, o_desc, o_stage, seq_len, checkpoints
         terms.bars.wait_ready(c)
         kh, qh = warpgroup_mma_wait(0, deps=[kh, qh])
 
-        # v_new = v^T (Tc diag(beta))^T + kh (-Tc diag(beta e^gam rk))^T: the column scalings ride in the two
-        # copies of Tc, and v^T is read by the tensor cores straight from its TMA tile
-        v_new = warpgroup_mma(inputs.v.index(slot).permute((1, 0)), terms.tc_v.index(slot).permute((1, 0)),
+        # v_new = (v^T - kh diag(e^gam rk)) (Tc diag(beta))^T in one product: v^T comes from its TMA tile by
+        # transposing ldmatrix in the A operand layout, which is the accumulator's (the conversion is free)
+        v_t = gl.convert_layout(inputs.v.index(slot).permute((1, 0)).load(op_vt), acc_vt)
+        u = v_t.to(gl.float32) + kh * gl.expand_dims(terms.scaling(c, K_SCALE).load(cols_vt), 0)
+        v_new = warpgroup_mma(gl.convert_layout(u.to(dtype), op_vt), terms.tc_v.index(slot).permute((1, 0)),
                               gl.zeros([V, BT], gl.float32, acc_vt), use_acc=False, is_async=True)
-        v_new = warpgroup_mma(gl.convert_layout(kh.to(dtype), op_vt), terms.tc_k.index(slot).permute((1, 0)), v_new,
-                              is_async=True)
         o = qh * gl.expand_dims(terms.scaling(c, O_SCALE).load(cols_vt), 0)
         v_scale = terms.scaling(c, V_SCALE).load(cols_vt)
         state_decay = gl.max(terms.scaling(c, STATE_SCALE).load(cols_vt), axis=0)
@@ -632,7 +629,6 @@ def chunk_rings(q_desc, k_desc, v_desc):
                      gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain),
                      gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain), SlotBarriers.make(1, 1))
     terms = TermRing(gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, BT], tile_tt),
-                     gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, BT], tile_tt),
                      gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, BT], tile_tt),
                      gl.allocate_shared_memory(gl.float32, [NUM_SLOTS * SCALINGS, BT], plain), SlotBarriers.make(1, 1),
                      gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain), SlotBarriers.make(1, 1))
