@@ -18,18 +18,18 @@ S, kh diag(e^gam rk), v_new, v_dec = v_new diag(...), Tv and P enter the product
 accumulates in fp32, the inverse is tf32, S stays fp32.
 Partitions, 16 warps. The kernel is compiled for the 8
 default warps at 128 registers a thread, a full register file, and setmaxnreg moves them:
-  * state, the default partition: 2 warpgroups, (2048 - 4 * AUX_REGS - 4 * 24) / 8 = 152 registers. A
+  * state, the default partition: 2 warpgroups, (2048 - 4 * AUX_REGS - 4 * 24) / 8 = 144 registers. A
     warpgroup reaches all 128 TMEM lanes, so the second one halves the columns each thread moves through
     registers (32 of a [V, BT] tile, 64 of S): that register work between the MMAs of the serial chain
     S -> kh -> v_new -> S is what the recurrence waits on;
-  * aux, 4 warps, AUX_REGS = 184 (at 168 it spills loop invariants and reloads them every chunk): all that
+  * aux, 4 warps, AUX_REGS = 192 (at 184 it reloads two spilled values every chunk, at 176 six): all that
     does not depend on the state (k k^T and q k^T, the decay, the row scalings, P, gdn_prepare's blocked tf32
     inverse, imported from prepare_sm100.py, one diagonal block a warp, hence 4 warps, and Tv), up to
     NUM_SLOTS chunks ahead of the state;
-  * load, 4 warps, 24 registers: fused_sm90.py's load partition as it is: TMA of the q, k, v tiles through
-    per-sequence descriptors whose row bound is the sequence's length (a chunk's tail is zero-filled, never the
-    next sequence's rows), the gates into the gate ring, rq into the terms ring (the aux partition reads rk off
-    the diagonal of k k^T).
+  * load and norms, 2 + 2 warps, 24 registers: fused_sm90.py's partitions as they are: TMA of the q, k, v tiles
+    through per-sequence descriptors whose row bound is the sequence's length (a chunk's tail is zero-filled,
+    never the next sequence's rows) and the gates into the gate ring; rq into the terms ring once the q tile
+    lands (the aux partition reads rk off the diagonal of k k^T).
 Units: TMA (UTMALDG) fills the input ring and o leaves by TMA store (UTMASTG) through a two-tile staging buffer;
 the tensor cores run every product as tcgen05 MMAs (UTCHMMA: M = 128 on the state side, M = 64 for the aux's
 [BT, BT] products; the diagonal blocks of the inverse are warp-level mma.sync, HMMA) from shared memory and TMEM
@@ -39,7 +39,7 @@ wrote just before and is waited on right after, so a separate MMA warp would add
 the chain and take no work off it. The state's MMAs on one input slot are followed by a tcgen05_commit on that
 slot's empty barrier, so the slot goes back to the load warp when the tensor cores are done reading it.
 Rings (fused_sm90.py's InputRing, GateRing, TermRing): the inputs (q, k, v; ready when the TMA bytes land; empty
-once the aux's and the state's MMAs have read them), the gates (load -> aux) and the chunk terms (Tv, P, row
+once the aux's and the state's MMAs and the norms partition have read them), the gates (load -> aux) and the chunk terms (Tv, P, row
 scalings; aux -> state).
 TMEM, all 512 columns: S 128, its 16-bit copy 64 (whose columns then hold the 16-bit kh, then v_new, and v_dec),
 S k^T then v_new P^T 64, S q^T 64, v_new 64; the aux's k k^T (then the inverse's accumulator) and q k^T 64 each.
@@ -57,15 +57,15 @@ from triton.language.core import _aggregate as aggregate
 from . import FUSED_HAS_H0 as _HAS_H0, FUSED_STORE_HT as _STORE_HT
 from .common import (Checkpoints, GateSource, load_state_tile, loop_variant, sequence_bounds, state_io_layout,
                      store_state_tile)
-from .fused_sm90 import (GATE_IN_KERNEL, K_SCALE, LOAD_REGS, LOAD_WARPS, NUM_SLOTS, O_SCALE,
-                         STATE_SCALE, V_SCALE, _load_partition, chunk_decay, chunk_rings, head_tiles, publish_inverse,
-                         publish_key_norms, publish_row_scalings, state_slot)
+from .fused_sm90 import (GATE_IN_KERNEL, K_SCALE, LOAD_REGS, LOAD_WARPS, NORMS_WARPS, NUM_SLOTS, O_SCALE,
+                         STATE_SCALE, V_SCALE, _load_partition, _norms_partition, chunk_decay, chunk_rings,
+                         head_tiles, publish_inverse, publish_key_norms, publish_row_scalings, state_slot)
 from .prepare_sm100 import _unit_lower_inverse
 
 HAS_H0 = gl.constexpr(_HAS_H0)
 STORE_HT = gl.constexpr(_STORE_HT)
 
-AUX_REGS = gl.constexpr(184)
+AUX_REGS = gl.constexpr(192)
 STATE_WARPS = gl.constexpr(8)
 
 
@@ -310,7 +310,8 @@ def fused_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0, ht, state_ind
         (_state_partition, (st, inputs, terms, o_desc, o_stage, seq_len, checkpoints)),
         (_aux_partition, worker_args),
         (_load_partition, worker_args),
-    ], [4, LOAD_WARPS], [AUX_REGS, LOAD_REGS])
+        (_norms_partition, worker_args),
+    ], [4, LOAD_WARPS, NORMS_WARPS], [AUX_REGS, LOAD_REGS, LOAD_REGS])
     # the last state update has completed (the state partition waited for it)
     h_final = gl.permute(st.s.load(reg_vk), [1, 0])
     store_state_tile(ht, h_final, slot, i_hv, 0, HV, ((flags & STORE_HT) != 0) & (slot >= 0), K, V, V,

@@ -28,15 +28,17 @@ Partitions, 16 warps (registers a thread by setmaxnreg; the kernel is compiled a
     place) or a staged tile, their B operands staged fp16 tiles, W's identity term a product with an identity
     tile. Its products run one at a time: two in flight need more registers than the partition has, and ptxas
     then serialises every wgmma of the kernel (C7512);
-  * load, LOAD_WARPS warps at 24 registers: TMA of the q, k, v tiles through per-sequence descriptors whose row
-    bound is the sequence's length (a chunk's tail is zero-filled and never reads the next sequence), the
-    chunk's gates (gam = cumsum(g) by a warp scan), which wait for nothing but their slot, and, once the q tile
-    has landed, rq into the terms ring on barriers of its own: rq only scales the columns of o^T, which the
-    state partition computes last, so no partition waits for it early, and the aux partition has one Gram
-    matrix less to reduce.
+  * load, LOAD_WARPS warps at LOAD_REGS: TMA of the q, k, v tiles through per-sequence descriptors whose row
+    bound is the sequence's length (a chunk's tail is zero-filled and never reads the next sequence) and the
+    chunk's gates (gam = cumsum(g) by a warp scan), a chunk ahead of the tiles;
+  * norms, NORMS_WARPS warps at LOAD_REGS: rq into the terms ring (on barriers of its own) as soon as the q tile
+    lands. rq only scales the columns of o^T, which the state partition computes last, so it is needed late and
+    the aux partition has one Gram matrix less to reduce; a partition of its own, because in the load loop it
+    waited behind the input slot's wait, which follows the state's pace, and the state then waited for it.
+    (rk moved here as well cost 13 %: two tiles' norms a chunk on two warps are slower than the aux partition.)
 Rings (InputRing, GateRing, TermRing below; each slot a ready and an empty mbarrier, SlotBarriers): the inputs
-(load -> aux and state), the gates (load -> aux; the aux partition adds rk) and the chunk terms (aux -> state,
-and rq, load -> state).
+(load -> aux, state and norms), the gates (load -> aux; the aux partition adds rk) and the chunk terms (aux ->
+state, and rq, norms -> state).
 Shared memory (202 KB of the 227 KB a CTA may have): inputs 2 x 48 KB, terms 2 x 17 KB, the inverse's five fp16
 tiles 40 KB (one the identity) and 8 KB of fp32 blocks, o staging 16 KB; one program an SM.
 """
@@ -60,7 +62,8 @@ GATE_IN_KERNEL = gl.constexpr(_GATE_IN_KERNEL)
 NUM_SLOTS = gl.constexpr(2)
 AUX_REGS = gl.constexpr(104)
 LOAD_REGS = gl.constexpr(24)
-LOAD_WARPS = gl.constexpr(4)
+LOAD_WARPS = gl.constexpr(2)
+NORMS_WARPS = gl.constexpr(2)
 LOG2E = gl.constexpr(1.4426950408889634)
 STATE_WARPS = gl.constexpr(8)
 # rows of a chunk-terms slot's scaling tile: beta and the column scalings of kh (-e^gam rk), of v_new before the
@@ -246,17 +249,21 @@ def _inverse_row_norms(tile, out, L2: gl.constexpr):
 
 
 @gluon.jit
-def _publish_query_norms(inputs, terms, c, flags):
-    """rq of chunk c into the terms ring, once its q tile has landed: only the state partition uses it, as the
-    column scaling of o^T, at the end of the chunk."""
-    slot = c % NUM_SLOTS
-    terms.rq_bars.wait_empty(c)
-    if flags & L2NORM:
+def _norms_partition(inputs, gates, terms, scratch, q_desc, k_desc, v_desc, gate_source, seq_len, HV, scale,
+                     flags):
+    """For each chunk c, once its q tile has landed: rq into the terms ring (only the state partition uses it,
+    as the column scaling of o^T, at the end of the chunk); then the chunk's input slot is released."""
+    BT: gl.constexpr = q_desc.block_type.shape[0]
+    for c in range(gl.cdiv(seq_len, BT)):
+        slot = c % NUM_SLOTS
+        terms.rq_bars.wait_empty(c)
         inputs.bars.wait_ready(c)
-        _inverse_row_norms(inputs.q.index(slot), terms.rq.index(slot), True)
-    else:
-        _inverse_row_norms(inputs.q.index(slot), terms.rq.index(slot), False)
-    terms.rq_bars.publish(c)
+        if flags & L2NORM:
+            _inverse_row_norms(inputs.q.index(slot), terms.rq.index(slot), True)
+        else:
+            _inverse_row_norms(inputs.q.index(slot), terms.rq.index(slot), False)
+        terms.rq_bars.publish(c)
+        inputs.bars.release(c)
 
 
 @gluon.jit
@@ -298,12 +305,11 @@ def _request_inputs(inputs, q_desc, k_desc, v_desc, c):
 def _load_partition(inputs, gates, terms, scratch, q_desc, k_desc, v_desc, gate_source, seq_len, HV,
                     scale, flags):
     """For each chunk c: chunk c + 1's gates into the gate ring (they wait only for their slot, which the aux
-    partition frees early in chunk c - 1), the TMA of chunk c + 1's q, k, v tiles (as soon as their slot is
-    free: the state partition frees it at the end of chunk c - 1), then the inverse norms of chunk c's q rows
-    into the terms ring, which the state partition needs only at the end of chunk c. The gates go a chunk ahead
-    of the tiles because the input slot's wait ties this loop to the state's pace: published after it, they
-    made the aux partition wait for them (a fifth of its time, in an ncu profile). Their rows are read from HBM
-    at the end of the loop (after the norms, whose registers they would take)."""
+    partition frees early in chunk c - 1), then the TMA of chunk c + 1's q, k, v tiles (as soon as their slot
+    is free: the state partition frees it at the end of chunk c - 1). The gates go a chunk ahead of the tiles
+    because the input slot's wait ties this loop to the state's pace: published after it, they made the aux
+    partition wait for them (a fifth of its time, in an ncu profile). Their rows are read from HBM at the end of
+    the loop, a chunk before they are published."""
     BT: gl.constexpr = q_desc.block_type.shape[0]
     # every warp holds all BT rows, so the cumsum is a warp-level scan
     rows: gl.constexpr = gl.BlockedLayout([BT // 32], [32], [gl.num_warps()], [0])
@@ -318,7 +324,6 @@ def _load_partition(inputs, gates, terms, scratch, q_desc, k_desc, v_desc, gate_
             _publish_gates(gates, c + 1, g, beta)
         if c + 1 < n_chunks:
             _request_inputs(inputs, q_desc, k_desc, v_desc, c + 1)
-        _publish_query_norms(inputs, terms, c, flags)
         g, beta = _gate_rows(gate_source, c + 2, seq_len, HV, BT, rows)
 
 
@@ -619,7 +624,8 @@ def head_tiles(q, k, v, o, gate_source, bos, seq_len, i_h, i_hv, H, HV, K: gl.co
 
 @gluon.jit
 def chunk_rings(q_desc, k_desc, v_desc):
-    """The inputs ring (emptied by the aux and the state partition), the gate ring and the terms ring."""
+    """The inputs ring (emptied by the aux, the state and the norms partition), the gate ring and the terms
+    ring."""
     dtype: gl.constexpr = q_desc.block_type.element_ty
     BT: gl.constexpr = q_desc.block_type.shape[0]
     K: gl.constexpr = q_desc.block_type.shape[1]
@@ -628,7 +634,7 @@ def chunk_rings(q_desc, k_desc, v_desc):
     plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])  # rows of [BT] vectors
     inputs = InputRing(gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, K], q_desc.layout),
                        gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, K], k_desc.layout),
-                       gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, V], v_desc.layout), SlotBarriers.make(1, 2))
+                       gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, V], v_desc.layout), SlotBarriers.make(1, 3))
     gates = GateRing(gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain),
                      gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain),
                      gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain),
@@ -677,6 +683,7 @@ def fused_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0, ht, state_ind
         (_state_partition, (state, inputs, terms, o_desc, o_stage, seq_len, checkpoints)),
         (_aux_partition, worker_args),
         (_load_partition, worker_args),
-    ], [4, LOAD_WARPS], [AUX_REGS, LOAD_REGS])[0]
+        (_norms_partition, worker_args),
+    ], [4, LOAD_WARPS, NORMS_WARPS], [AUX_REGS, LOAD_REGS, LOAD_REGS])[0]
     store_state_tile(ht, gl.permute(state, [1, 0]), slot, i_hv, 0, HV, ((flags & STORE_HT) != 0) & (slot >= 0),
                      K, V, V, TRANSPOSE_STATE)

@@ -58,10 +58,6 @@ def test_blackwell_kernels_use_tensor_memory(tiny_build, arch, kernel):
 SPILL_GAPS = {
     ("sm_90a", "gdn_fused"): "the fused kernel's aux partition runs at 104 registers (more would starve the state "
                              "partition, and ptxas then serialises every wgmma): 2 local-memory loads and 2 stores a chunk",
-    ("sm_103a", "gdn_fused"): "ptxas-blackwell 12.9 spills one value more for sm_103a than for sm_100a (6 stores "
-                              "before the loops instead of 5, at the aux partition's 184 registers) and reloads it in "
-                              "the aux partition's chunk loop: one 4-byte local load a chunk, off the state's critical "
-                              "path",
 }
 
 
