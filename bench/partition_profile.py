@@ -1,0 +1,134 @@
+"""Where gdn_fused's partitions wait: the warp-state samples of one ncu-profiled launch, summed per chunk loop.
+
+Each warp-specialised partition runs a chunk loop of its own, so the samples inside one loop are that
+partition's time, and the instruction its warps sit at says what they wait for: the branch after an mbarrier
+try-wait (SYNCS.PHASECHK) is a ring slot not yet filled or freed, WARPGROUP.DEPBAR a wgmma result, BAR.SYNC the
+partition's other warps. Two steps, from the repository root:
+    python3 bench/partition_profile.py record --case 32x8192 --out DIR    # GPU host with ncu: DIR/source.csv
+    python3 bench/partition_profile.py report DIR/source.csv              # anywhere gdn_aot's build module imports
+record JIT-compiles the checkout's kernels/fused_sm90.py (bench/fused_ablate.py's copy and launch), runs it twice,
+profiles the third launch under ncu (--set full, --clock-control none) and exports its SASS source page with the
+stall-reason columns. report finds the loops from the predicated backward branches of that SASS and prints, for
+each loop of at least --min-insns instructions: its samples and share of the kernel's, the leading stall reasons,
+and the instructions with the most samples, each with the one before it (which names the barrier or product).
+"""
+import argparse
+import csv
+import os
+import re
+import subprocess
+import sys
+from collections import Counter
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SAMPLES = "Warp Stall Sampling (All Samples)"
+_TARGET = re.compile(r"\bBRA(?:\.\w+)*\s+0x([0-9a-f]+)")
+_OPCODE = re.compile(r"(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
+
+
+def read_source_page(path):
+    """(base address, [(offset, sass, samples, {reason: samples})]) from ncu's `--page source --csv --print-source
+    sass` export; offsets from the kernel's first instruction."""
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    at = next(i for i, r in enumerate(rows) if "Address" in r and SAMPLES in r)
+    header, body = rows[at], rows[at + 1:]
+    addr, src, total = header.index("Address"), header.index("Source"), header.index(SAMPLES)
+    reasons = {h: i for i, h in enumerate(header) if h.startswith("stall_") and "Not Issued" not in h}
+    body = [r for r in body if len(r) > total and r[addr].startswith("0x")]
+    base = int(body[0][addr], 16)
+    return base, [(int(r[addr], 16) - base, r[src].strip(), int(r[total] or 0),
+                   {h[len("stall_"):]: int(r[i] or 0) for h, i in reasons.items()}) for r in body]
+
+
+def as_sass_text(insns, base):
+    """The page as nvdisasm-style lines (relative branch targets), for gdn_aot's SASS helpers."""
+    return "\n".join(f"        /*{off:04x}*/ " + _TARGET.sub(lambda m: f"BRA 0x{int(m.group(1), 16) - base:x}", text)
+                     + " ;" for off, text, _, _ in insns)
+
+
+def outer_loops(ranges):
+    """The loops no other loop contains, by address."""
+    return sorted((a, b) for a, b in set(ranges) if not any(c <= a and b <= d and (c, d) != (a, b) for c, d in ranges))
+
+
+def partition_report(path, min_insns=100, top=8):
+    from gdn_aot.build.sass import loop_ranges
+
+    base, insns = read_source_page(path)
+    loops = [(a, b) for a, b in outer_loops(loop_ranges(as_sass_text(insns, base)))
+             if sum(1 for off, *_ in insns if a <= off <= b) >= min_insns]
+    kernel_total = sum(n for _, _, n, _ in insns) or 1
+    lines = [f"{kernel_total} samples in the kernel; loops of at least {min_insns} instructions:"]
+    for a, b in loops:
+        body = [(off, text, n, why) for off, text, n, why in insns if a <= off <= b]
+        n = sum(x[2] for x in body) or 1
+        ops = Counter(_OPCODE.match(text).group(1) for _, text, _, _ in body)
+        why = Counter()
+        for x in body:
+            why.update(x[3])
+        lines.append(f"\nloop {a:#x}-{b:#x}: {len(body)} instructions (HGMMA {ops['HGMMA']}, FFMA {ops['FFMA']}), "
+                     f"{n} samples ({100 * n / kernel_total:.1f} % of the kernel)")
+        lines.append("  " + ", ".join(f"{k} {100 * v / n:.1f} %" for k, v in why.most_common(6)))
+        prev = {off: text for off, text, _, _ in insns}
+        for off, text, m, w in sorted(body, key=lambda x: -x[2])[:top]:
+            lead = ", ".join(f"{k} {v}" for k, v in Counter(w).most_common(2))
+            before = prev.get(off - 16, "")
+            lines.append(f"  {off:#07x} {m:7d} {100 * m / n:5.1f} %  {text[:48]:48}  [{lead}]  after: {before[:56]}")
+    return "\n".join(lines)
+
+
+def record(case, out):
+    """Profile one launch of the checkout's gdn_fused on `case` (a fused_ablate.py case) into out/source.csv."""
+    os.makedirs(out, exist_ok=True)
+    report = os.path.join(out, "profile")
+    subprocess.run(["ncu", "--clock-control", "none", "-k", "regex:fused_kernel", "--launch-skip", "2",
+                    "--launch-count", "1", "--set", "full", "--import-source", "no", "-f", "-o", report,
+                    sys.executable, os.path.abspath(__file__), "launch", "--case", case], check=True)
+    with open(os.path.join(out, "source.csv"), "w") as f:
+        subprocess.run(["ncu", "-i", report + ".ncu-rep", "--page", "source", "--csv", "--print-source", "sass"],
+                       stdout=f, check=True)
+    print(f"wrote {os.path.join(out, 'source.csv')}")
+
+
+def launch(case):
+    """Three launches of the JIT-compiled kernel (the third is the one `record` profiles)."""
+    import torch
+    import triton
+
+    sys.path.insert(0, HERE)
+    import fused_ablate
+
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    kernel = fused_ablate.load("fused", lambda s: s)
+    lens, HV = fused_ablate.CASES[case]
+    q, k, v, g, beta, cu, h0 = fused_ablate.inputs(lens, HV)
+    o, ht = torch.empty_like(v), torch.empty_like(h0)
+    for _ in range(3):
+        fused_ablate.launch(kernel, q, k, v, g, beta, cu, h0, o, ht)
+    torch.cuda.synchronize()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="step", required=True)
+    r = sub.add_parser("record", help="profile one launch under ncu (GPU host)")
+    r.add_argument("--case", default="32x8192", help="a bench/fused_ablate.py case")
+    r.add_argument("--out", required=True, help="folder for profile.ncu-rep and source.csv")
+    la = sub.add_parser("launch", help="(what record runs under ncu)")
+    la.add_argument("--case", default="32x8192")
+    p = sub.add_parser("report", help="samples per chunk loop from source.csv")
+    p.add_argument("csv")
+    p.add_argument("--min-insns", type=int, default=100, help="smaller loops (mbarrier retries) are left out")
+    p.add_argument("--top", type=int, default=8, help="instructions listed a loop")
+    args = ap.parse_args(argv)
+    if args.step == "record":
+        record(args.case, args.out)
+    elif args.step == "launch":
+        launch(args.case)
+    else:
+        print(partition_report(args.csv, args.min_insns, args.top))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""bench/partition_profile.py's report half (the record half needs a GPU and ncu): samples summed per chunk loop
+of an ncu source-page export, the loops found from its SASS."""
+import csv
+import importlib.util
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("partition_profile", REPO / "bench" / "partition_profile.py")
+partition_profile = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(partition_profile)
+
+BASE = 0x7F0000001000
+# (offset, SASS as ncu prints it, samples, long_sb, barrier): a chunk loop 0x10-0x50 with an mbarrier wait whose
+# retry path sits after the kernel (a self-loop of two instructions, and an unconditional jump back, which is not
+# a loop)
+PAGE = [
+    (0x00, "MOV R1, R2", 5, 0, 0),
+    (0x10, "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR5+0x100], R6", 1, 0, 0),
+    (0x20, f"@!P0  BRA {BASE + 0x100:#x}", 60, 60, 0),
+    (0x30, "HGMMA.64x64x16.F32.BF16 R88, gdesc[UR4], RZ, !UPT, gsb0", 10, 0, 0),
+    (0x40, "WARPGROUP.DEPBAR.LE gsb0, 0x0", 20, 0, 20),
+    (0x50, f"@P1   BRA {BASE + 0x10:#x}", 4, 0, 0),
+    (0x60, "EXIT", 0, 0, 0),
+    (0x100, "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR5+0x100], R6", 7, 7, 0),
+    (0x110, f"@!P0  BRA {BASE + 0x100:#x}", 3, 3, 0),
+    (0x120, f"BRA {BASE + 0x20:#x}", 0, 0, 0),
+]
+
+
+def _write_page(path):
+    header = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Warp Stall Sampling (Not-issued Samples)",
+              "stall_barrier", "stall_long_sb", "stall_barrier (Not Issued)", "stall_long_sb (Not Issued)"]
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["Kernel Name", "fused_kernel"])
+        w.writerow(header)
+        for off, text, n, long_sb, barrier in PAGE:
+            w.writerow([f"{BASE + off:#x}", "      " + text, n, n, barrier, long_sb, barrier, long_sb])
+
+
+def test_read_source_page(tmp_path):
+    _write_page(tmp_path / "source.csv")
+    base, insns = partition_profile.read_source_page(tmp_path / "source.csv")
+    assert base == BASE
+    assert [off for off, *_ in insns] == [p[0] for p in PAGE]
+    off, text, n, why = insns[2]
+    assert (off, n, why) == (0x20, 60, {"barrier": 0, "long_sb": 60}) and text.startswith("@!P0")
+
+
+def test_report_sums_samples_per_chunk_loop(tmp_path):
+    _write_page(tmp_path / "source.csv")
+    report = partition_profile.partition_report(tmp_path / "source.csv", min_insns=3, top=2)
+    # the kernel's 110 samples; the loop 0x10-0x50 holds 95 of them; the retry self-loop is below min_insns
+    assert report.splitlines()[0].startswith("110 samples in the kernel")
+    assert "loop 0x10-0x50: 5 instructions (HGMMA 1, FFMA 0), 95 samples (86.4 % of the kernel)" in report
+    assert "loop 0x100" not in report
+    assert "long_sb 63.2 %, barrier 21.1 %" in report
+    # the top instruction is the wait's branch, named by the try-wait before it
+    top = [line for line in report.splitlines() if line.startswith("  0x")]
+    assert top[0].split()[:3] == ["0x00020", "60", "63.2"] and "after: SYNCS.PHASECHK" in top[0]
+    assert top[1].split()[:2] == ["0x00040", "20"] and "after: HGMMA" in top[1]
