@@ -8,7 +8,9 @@ Variants (textual edits of a temporary copy of kernels/fused_sm90.py, never of t
   aux_stub    the aux partition publishes every chunk's terms at once: what is left is the state and load roles
   state_stub  the state partition only waits and releases: what is left is the aux and load roles
   no_inverse  the aux partition skips (I + A)^-1 (Tc = A): the inverse's share of the aux role
---check first compares the kernel with the float64 token recurrence (small cases) and the fp32 chunked reference
+--variants A.py,B.py adds whole replacements of kernels/fused_sm90.py (named by their file stems), for A/B tests of
+a change before it is made in the checkout; --only fused,A times a subset.
+--check first compares the kernel (and each --variants file) with the float64 token recurrence (small cases) and the fp32 chunked reference
 (large ones; tests/reference.py), as max |out - ref| / max |ref|. Times: CUDA events, median of 20 after 3 warm-up
 calls, outputs preallocated; ms.
 """
@@ -51,6 +53,13 @@ VARIANTS = {
 }
 
 
+def _replacement(path):
+    """An edit that ignores the checkout's source and returns the file's."""
+    with open(path) as f:
+        text = f.read()
+    return lambda _: text
+
+
 def load(name, edit):
     """The checkout's kernels/ (with loader/, which it imports) as package gdn_<name>, fused_sm90.py edited."""
     root = os.path.join(tempfile.gettempdir(), "gdn_fused_ablate", name)
@@ -81,7 +90,7 @@ def inputs(lens, HV=32, H=16, dtype=torch.bfloat16, seed=0):
 
 
 def launch(kernel, q, k, v, g, beta, cu, h0, o, ht):
-    abi = importlib.import_module("gdn_fused.kernels")  # the flag bits, from the copy of the checkout
+    abi = importlib.import_module(kernel.fn.__module__.rsplit(".", 1)[0])  # the flag bits, from the kernel's copy
     T, H, HV = q.shape[1], q.shape[2], v.shape[2]
     flags = abi.FUSED_L2NORM | abi.FUSED_HAS_H0 | abi.FUSED_STORE_HT
     # g, g: the A_log, dt_bias a GATING=False kernel never reads; ht, 0, cu, 0: no checkpoints
@@ -105,13 +114,21 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--check", action="store_true", help="compare the kernel with the references first")
     ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
+    ap.add_argument("--variants", default="", help="comma-separated replacement files for kernels/fused_sm90.py")
+    ap.add_argument("--only", help="comma-separated names of the variants to time (default: all)")
     args = ap.parse_args()
     import triton
 
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
-    kernels = {name: load(name, edit) for name, edit in VARIANTS.items()}
-    if args.check:
-        check(kernels["fused"])
+    files = {os.path.splitext(os.path.basename(f))[0]: f for f in args.variants.split(",") if f}
+    variants = dict(VARIANTS, **{name: _replacement(f) for name, f in files.items()})
+    if args.only:
+        variants = {name: variants[name] for name in args.only.split(",")}
+    kernels = {name: load(name, edit) for name, edit in variants.items()}
+    if args.check:  # the kernels that compute the answer (the stubs do not)
+        for name in [n for n in kernels if n == "fused" or n in files]:
+            print(f"{name}:")
+            check(kernels[name])
     print("case".ljust(14) + "".join(n.rjust(12) for n in kernels))
     for case in args.cases.split(","):
         lens, HV = CASES[case]
