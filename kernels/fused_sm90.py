@@ -20,7 +20,7 @@ Partitions, 16 warps (registers a thread by setmaxnreg; the kernel is compiled a
   * state, the default partition: 2 warpgroups, (2048 - 4 * AUX_REGS - 4 * LOAD_REGS) / 8 = 192 registers: S
     alone is 64 a thread, its bf16 copy (the A operand of S k^T and S q^T) 32, each [V, BT] accumulator 32.
     With fewer (an aux budget above 104), ptxas serialises every wgmma of the kernel (C7512), and it does the
-    same when S q^T is still in flight while v_new's products are issued: S k^T and S q^T are waited on together;
+    same when S q^T is still in flight while v_new's product is issued: S k^T and S q^T are waited on together;
   * aux, one warpgroup, AUX_REGS: what a chunk needs that does not depend on the state, up to NUM_SLOTS chunks
     ahead of it: k k^T and q k^T on wgmma (rk is the diagonal of k k^T), the decay matrix, P, the row scalings,
     and Tc by the blocked inverse: the diagonal 16 x 16 blocks by forward substitution in fp32 on the CUDA cores
