@@ -18,7 +18,8 @@ S, kh diag(e^gam rk), v_new, v_dec = v_new diag(...), Tv and P enter the product
 accumulates in fp32, the inverse is tf32, S stays fp32.
 Partitions, 16 warps. The kernel is compiled for the 8
 default warps at 128 registers a thread, a full register file, and setmaxnreg moves them:
-  * state, the default partition: 2 warpgroups, (2048 - 4 * AUX_REGS - 4 * 24) / 8 = 144 registers. A
+  * state, the default partition: 2 warpgroups, (2048 - 4 * AUX_REGS - 4 * 24) / 8 = 148, 144 registers
+    (setmaxnreg takes multiples of 8). A
     warpgroup reaches all 128 TMEM lanes, so the second one halves the columns each thread moves through
     registers (32 of a [V, BT] tile, 64 of S): that register work between the MMAs of the serial chain
     S -> kh -> v_new -> S is what the recurrence waits on;
@@ -39,8 +40,8 @@ wrote just before and is waited on right after, so a separate MMA warp would add
 the chain and take no work off it. The state's MMAs on one input slot are followed by a tcgen05_commit on that
 slot's empty barrier, so the slot goes back to the load warp when the tensor cores are done reading it.
 Rings (fused_sm90.py's InputRing, GateRing, TermRing): the inputs (q, k, v; ready when the TMA bytes land; empty
-once the aux's and the state's MMAs and the norms partition have read them), the gates (load -> aux) and the chunk terms (Tv, P, row
-scalings; aux -> state).
+once the aux's and the state's MMAs and the norms partition have read them), the gates (load -> aux) and the chunk
+terms (Tv, P, row scalings; aux -> state).
 TMEM, all 512 columns: S 128, its 16-bit copy 64 (whose columns then hold the 16-bit kh, then v_new, and v_dec),
 S k^T then v_new P^T 64, S q^T 64, v_new 64; the aux's k k^T (then the inverse's accumulator) and q k^T 64 each.
 Shared memory (201 KB): inputs 2 x 48 KB, terms 2 x 17 KB, gates 2.5 KB, the inverse's two fp32 operand tiles

@@ -176,7 +176,7 @@ class GateRing:
 class TermRing:
     """What the state partition takes for a chunk: from the aux partition Tc diag(beta) and P [NUM_SLOTS, BT, BT]
     in the input dtype and the SCALINGS row scalings [NUM_SLOTS * SCALINGS, BT] fp32
-    (bars); from the load partition rq [NUM_SLOTS, BT] fp32, the column scaling of o^T, which the state needs
+    (bars); from the norms partition rq [NUM_SLOTS, BT] fp32, the column scaling of o^T, which the state needs
     last (rq_bars: its own barriers, so the state never waits for it to start a chunk)."""
     tc_v: gl.shared_memory_descriptor
     p: gl.shared_memory_descriptor
