@@ -23,7 +23,6 @@ from collections import Counter
 HERE = os.path.dirname(os.path.abspath(__file__))
 SAMPLES = "Warp Stall Sampling (All Samples)"
 _TARGET = re.compile(r"\bBRA(?:\.\w+)*\s+0x([0-9a-f]+)")
-_OPCODE = re.compile(r"(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
 
 
 def read_source_page(path):
@@ -53,27 +52,29 @@ def outer_loops(ranges):
 
 
 def partition_report(path, min_insns=100, top=8):
-    from gdn_aot.build.sass import loop_ranges
+    from gdn_aot.build.sass import instructions, loop_ranges
 
     base, insns = read_source_page(path)
-    loops = [(a, b) for a, b in outer_loops(loop_ranges(as_sass_text(insns, base)))
+    sass_text = as_sass_text(insns, base)
+    opcodes = dict(instructions(sass_text))
+    prev = {off + 16: text for off, text, _, _ in insns}
+    loops = [(a, b) for a, b in outer_loops(loop_ranges(sass_text))
              if sum(1 for off, *_ in insns if a <= off <= b) >= min_insns]
     kernel_total = sum(n for _, _, n, _ in insns) or 1
     lines = [f"{kernel_total} samples in the kernel; loops of at least {min_insns} instructions:"]
     for a, b in loops:
         body = [(off, text, n, why) for off, text, n, why in insns if a <= off <= b]
         n = sum(x[2] for x in body) or 1
-        ops = Counter(_OPCODE.match(text).group(1) for _, text, _, _ in body)
+        ops = Counter(opcodes[off] for off, _, _, _ in body)
         why = Counter()
         for x in body:
             why.update(x[3])
         lines.append(f"\nloop {a:#x}-{b:#x}: {len(body)} instructions (HGMMA {ops['HGMMA']}, FFMA {ops['FFMA']}), "
                      f"{n} samples ({100 * n / kernel_total:.1f} % of the kernel)")
         lines.append("  " + ", ".join(f"{k} {100 * v / n:.1f} %" for k, v in why.most_common(6)))
-        prev = {off: text for off, text, _, _ in insns}
         for off, text, m, w in sorted(body, key=lambda x: -x[2])[:top]:
             lead = ", ".join(f"{k} {v}" for k, v in Counter(w).most_common(2))
-            before = prev.get(off - 16, "")
+            before = prev.get(off, "")
             lines.append(f"  {off:#07x} {m:7d} {100 * m / n:5.1f} %  {text[:48]:48}  [{lead}]  after: {before[:56]}")
     return "\n".join(lines)
 
