@@ -9,10 +9,10 @@ other [V, BT] A operands (kh, v_new, v_dec) go the same way. With rq, rk the inv
 (1 without FUSED_L2NORM), gam = cumsum(g) and gl = gam of the chunk's last row:
     A      = beta_t rk_t rk_s (k k^T)_ts e^(gam_t - gam_s),  s < t                          (aux)
     Tc     = (I + A)^-1;  Tv = Tc diag(beta)                                                 (aux)
-    P      = scale rk_s (q k^T)_ts e^(gam_t - gam_s),        s <= t                         (aux)
+    P      = rk_s (q k^T)_ts e^(gam_t - gam_s),              s <= t                         (aux)
     kh     = S k^T                                       [V, BT]     (state, critical path)
     v_new  = v^T Tv^T - kh diag(e^gam rk) Tv^T           [V, BT]     (state, critical path)
-    o      = ((S q^T) diag(scale e^gam) + v_new P^T) diag(rq)    [V, BT] = o^T   (state, beside the path)
+    o      = ((S q^T) diag(e^gam) + v_new P^T) diag(scale rq)    [V, BT] = o^T   (state, beside the path)
     S      = e^gl S + v_new diag(e^(gl - gam) rk) k      [V, K]      (state, critical path)
 S, kh diag(e^gam rk), v_new, v_dec = v_new diag(...), Tv and P enter the products in the input dtype, every product
 accumulates in fp32, the inverse is tf32, S stays fp32.
@@ -158,7 +158,7 @@ def _aux_partition(inputs, gates, terms, scratch, q_desc, k_desc, v_desc, gate_s
         tcgen05_commit(inputs.bars.empty.index(slot))
         gates.bars.wait_ready(c)
         mbarrier.wait(scratch.bar, phase)
-        publish_key_norms(gates, c, scratch.kk.load(reg_tt), i, j, flags)
+        publish_key_norms(gates, c, scratch.kk.load(reg_tt), flags)
         gam_r = gates.gam.index(slot).load(rows)
         decay = chunk_decay(gates, c, gam_r, i, j, seq_len - c * BT, cols)
         kk = scratch.kk.load(reg_tt)  # again: k k^T stays in TMEM, and its registers are free during the decay
@@ -166,8 +166,8 @@ def _aux_partition(inputs, gates, terms, scratch, q_desc, k_desc, v_desc, gate_s
 
         # --- the row scalings and P go out first, so that only A is live through the inverse
         terms.bars.wait_empty(c)
-        a_rows = publish_row_scalings(terms, gates, c, gam_r, seq_len, scale, rows)
-        terms.p.index(slot).store((qk * decay * scale).to(dtype))
+        a_rows = publish_row_scalings(terms, gates, c, gam_r, seq_len, rows)
+        terms.p.index(slot).store((qk * decay).to(dtype))
         a = gl.where(i > j, kk * decay * gl.expand_dims(a_rows, 1), 0.0)
         gates.bars.release(c)
         # kk's TMEM is the products' accumulator: every warp has read k k^T (the inverse starts with a barrier)
@@ -235,7 +235,7 @@ def _state_partition(st, inputs, terms, o_desc, o_stage, seq_len, checkpoints):
         tcgen05_commit(st.bars.index(S_DONE))
         tcgen05_commit(inputs.bars.empty.index(slot))
 
-        # --- o = ((S q^T) diag(scale e^gam) + v_new P^T) diag(rq) while the state updates; o^T -> [BT, V] staging
+        # --- o = ((S q^T) diag(e^gam) + v_new P^T) diag(scale rq) while the state updates; o^T -> [BT, V] staging
         # tile -> HBM, two tiles, so the store of chunk c - 1 may still be in flight
         o_scale = terms.scaling(c, O_SCALE).load(cols)
         mbarrier.wait(st.bars.index(O_DONE), phase)

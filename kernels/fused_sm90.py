@@ -9,13 +9,14 @@ state is never copied to shared memory. With rq, rk the inverse L2 norms of the 
 FUSED_L2NORM), gam = cumsum(g) and gl = gam of the chunk's last row:
     A      = beta_t rk_t rk_s (k k^T)_ts e^(gam_t - gam_s),  s < t                     (aux)
     Tc     = (I + A)^-1;  Tv = Tc diag(beta)                                            (aux)
-    P      = scale rk_s (q k^T)_ts e^(gam_t - gam_s),        s <= t                    (aux)
+    P      = rk_s (q k^T)_ts e^(gam_t - gam_s),              s <= t                    (aux)
     kh     = S k^T                                       [V, BT]    (state, critical path)
     v_new  = (v^T - kh diag(e^gam rk)) Tv^T              [V, BT]    (state, critical path)
-    o      = ((S q^T) diag(scale e^gam) + v_new P^T) diag(rq)        [V, BT] = o^T   (state, beside the path)
+    o      = ((S q^T) diag(e^gam) + v_new P^T) diag(scale rq)        [V, BT] = o^T   (state, beside the path)
     S      = e^gl S + v_new diag(e^(gl - gam) rk) k      [V, K]     (state, critical path)
 v_new is one product: v^T (ldmatrix from its TMA tile) and the scaled kh are summed in registers and enter the
-tensor cores once, so the critical path S -> kh -> v_new -> S has three products, not four.
+tensor cores once, so the critical path S -> kh -> v_new -> S has three products, not four. The attention
+scale rides on rq (the norms partition's one multiply a row) rather than on P (the aux partition's one an entry).
 Partitions, 16 warps (registers a thread by setmaxnreg; the kernel is compiled at 128, a full register file):
   * state, the default partition: 2 warpgroups, (2048 - 4 * AUX_REGS - 4 * LOAD_REGS) / 8 = 192 registers: S
     alone is 64 a thread, its bf16 copy (the A operand of S k^T and S q^T) 32, each [V, BT] accumulator 32.
@@ -31,7 +32,7 @@ Partitions, 16 warps (registers a thread by setmaxnreg; the kernel is compiled a
   * load, LOAD_WARPS warps at LOAD_REGS: TMA of the q, k, v tiles through per-sequence descriptors whose row
     bound is the sequence's length (a chunk's tail is zero-filled and never reads the next sequence) and the
     chunk's gates (gam = cumsum(g) by a warp scan), a chunk ahead of the tiles;
-  * norms, NORMS_WARPS warps at LOAD_REGS: rq into the terms ring (on barriers of its own) as soon as the q tile
+  * norms, NORMS_WARPS warps at LOAD_REGS: scale rq into the terms ring (on barriers of its own) as soon as the q tile
     lands. rq only scales the columns of o^T, which the state partition computes last, so it is needed late and
     the aux partition has one Gram matrix less to reduce; a partition of its own, because in the load loop it
     waited behind the input slot's wait, which follows the state's pace, and the state then waited for it.
@@ -67,7 +68,7 @@ NORMS_WARPS = gl.constexpr(2)
 LOG2E = gl.constexpr(1.4426950408889634)
 STATE_WARPS = gl.constexpr(8)
 # rows of a chunk-terms slot's scaling tile: beta and the column scalings of kh (-e^gam rk), of v_new before the
-# state update and of S q^T (scale e^gam), and the state's decay
+# state update and of S q^T (e^gam), and the state's decay
 BETA = gl.constexpr(0)
 K_SCALE = gl.constexpr(1)
 V_SCALE = gl.constexpr(2)
@@ -176,7 +177,7 @@ class GateRing:
 class TermRing:
     """What the state partition takes for a chunk: from the aux partition Tc diag(beta) and P [NUM_SLOTS, BT, BT]
     in the input dtype and the SCALINGS row scalings [NUM_SLOTS * SCALINGS, BT] fp32
-    (bars); from the norms partition rq [NUM_SLOTS, BT] fp32, the column scaling of o^T, which the state needs
+    (bars); from the norms partition scale rq [NUM_SLOTS, BT] fp32, the column scaling of o^T, which the state needs
     last (rq_bars: its own barriers, so the state never waits for it to start a chunk)."""
     tc_v: gl.shared_memory_descriptor
     p: gl.shared_memory_descriptor
@@ -234,24 +235,24 @@ def _add(a, b):
 
 
 @gluon.jit
-def _inverse_row_norms(tile, out, L2: gl.constexpr):
-    """out = 1 / sqrt(sum(x^2) + 1e-6) of each row of the [BT, K] shared tile (fla's l2norm), or 1 without L2;
-    a few rows at a time, so that the load partition's few registers suffice."""
+def _inverse_row_norms(tile, out, factor, L2: gl.constexpr):
+    """out = factor / sqrt(sum(x^2) + 1e-6) of each row of the [BT, K] shared tile (fla's l2norm), or factor
+    without L2; a few rows at a time, so that the norms partition's few registers suffice."""
     BT: gl.constexpr = tile.shape[0]
     ROWS: gl.constexpr = 8  # the row period of the tile's 128-byte swizzle: a slice may not split it
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [gl.num_warps(), 1], [1, 0])
     for r in gl.static_range(BT // ROWS):
         if L2:
-            norms = inverse_row_norms(tile.slice(r * ROWS, ROWS).load(layout))
+            norms = inverse_row_norms(tile.slice(r * ROWS, ROWS).load(layout)) * factor
         else:
-            norms = gl.full([ROWS], 1.0, gl.float32, gl.SliceLayout(1, layout))
+            norms = gl.full([ROWS], factor, gl.float32, gl.SliceLayout(1, layout))
         out.slice(r * ROWS, ROWS).store(norms)
 
 
 @gluon.jit
 def _norms_partition(inputs, gates, terms, scratch, q_desc, k_desc, v_desc, gate_source, seq_len, HV, scale,
                      flags):
-    """For each chunk c, once its q tile has landed: rq into the terms ring (only the state partition uses it,
+    """For each chunk c, once its q tile has landed: scale rq into the terms ring (only the state partition uses it,
     as the column scaling of o^T, at the end of the chunk); then the chunk's input slot is released."""
     BT: gl.constexpr = q_desc.block_type.shape[0]
     for c in range(gl.cdiv(seq_len, BT)):
@@ -259,9 +260,9 @@ def _norms_partition(inputs, gates, terms, scratch, q_desc, k_desc, v_desc, gate
         terms.rq_bars.wait_empty(c)
         inputs.bars.wait_ready(c)
         if flags & L2NORM:
-            _inverse_row_norms(inputs.q.index(slot), terms.rq.index(slot), True)
+            _inverse_row_norms(inputs.q.index(slot), terms.rq.index(slot), scale, True)
         else:
-            _inverse_row_norms(inputs.q.index(slot), terms.rq.index(slot), False)
+            _inverse_row_norms(inputs.q.index(slot), terms.rq.index(slot), scale, False)
         terms.rq_bars.publish(c)
         inputs.bars.release(c)
 
@@ -322,13 +323,12 @@ def _load_partition(inputs, gates, terms, scratch, q_desc, k_desc, v_desc, gate_
     for c in range(n_chunks):
         if c + 1 < n_chunks:
             _publish_gates(gates, c + 1, g, beta)
-        if c + 1 < n_chunks:
             _request_inputs(inputs, q_desc, k_desc, v_desc, c + 1)
         g, beta = _gate_rows(gate_source, c + 2, seq_len, HV, BT, rows)
 
 
 @gluon.jit
-def publish_row_scalings(terms, gates, c, gam_r, seq_len, scale, rows: gl.constexpr):
+def publish_row_scalings(terms, gates, c, gam_r, seq_len, rows: gl.constexpr):
     """Chunk c's aux rows of the scalings into the terms ring, from the gate ring (gam_r: gam in the `rows`
     layout); returns beta rk, the row factor of A (both arches' aux partitions)."""
     BT: gl.constexpr = gam_r.shape[0]
@@ -342,7 +342,7 @@ def publish_row_scalings(terms, gates, c, gam_r, seq_len, scale, rows: gl.conste
     # rows past the sequence's end get v_dec = 0, so they never reach the state
     terms.scaling(c, V_SCALE).store(gl.where(gl.arange(0, BT, rows) < seq_len - c * BT,
                                              gl.exp2(gam_last - gam_r) * rk, 0.0))
-    terms.scaling(c, O_SCALE).store(scale * e_gam)
+    terms.scaling(c, O_SCALE).store(e_gam)
     terms.scaling(c, STATE_SCALE).store(gl.exp2(gam_last))
     return beta * rk
 
@@ -399,13 +399,30 @@ def _same_block(x4):
 
 
 @gluon.jit
+def _diagonal_blocks(x):
+    """The diagonal [BLOCK, BLOCK] blocks of a [BT, BT] x (the wgmma accumulator layout), [BT / BLOCK, BLOCK,
+    BLOCK]: a thread's rows hold every column block, so picking the diagonal one is a sum in registers."""
+    NB: gl.constexpr = x.shape[0] // BLOCK
+    x4 = gl.reshape(x, [NB, BLOCK, NB, BLOCK])
+    return gl.sum(gl.where(_same_block(x4), x4, 0.0), axis=2)
+
+
+@gluon.jit
+def _off_diagonal_blocks(x):
+    """x [BT, BT] with its diagonal [BLOCK, BLOCK] blocks zeroed (the block index of a column is a register's,
+    that of a row a warp's, so the mask is a few compares, not one an element). x must be finite: the mask is a
+    product, because as a select ptxas applies it to the packed fp16 halves of the staged tile (40 instructions
+    more a chunk)."""
+    BT: gl.constexpr = x.shape[0]
+    x4 = gl.reshape(x, [BT // BLOCK, BLOCK, BT // BLOCK, BLOCK])
+    return gl.reshape(x4 * (1.0 - _same_block(x4).to(gl.float32)), [BT, BT])
+
+
+@gluon.jit
 def _stage_diagonal_blocks(a, blocks):
-    """The diagonal [BLOCK, BLOCK] blocks of a [BT, BT] (the wgmma accumulator layout) into `blocks`, fp32
-    [BLOCK, BT / BLOCK, BLOCK] with column s of block b at [s, b], as _solve_diagonal_blocks reads them. A
-    thread's rows hold every column block, so picking the diagonal one is a sum in registers."""
-    NB: gl.constexpr = a.shape[0] // BLOCK
-    a4 = gl.reshape(a, [NB, BLOCK, NB, BLOCK])
-    blocks.store(gl.permute(gl.sum(gl.where(_same_block(a4), a4, 0.0), axis=2), [2, 0, 1]))
+    """The diagonal blocks of a [BT, BT] into `blocks`, fp32 [BLOCK, BT / BLOCK, BLOCK] with column s of block b
+    at [s, b], as _solve_diagonal_blocks reads them."""
+    blocks.store(gl.permute(_diagonal_blocks(a), [2, 0, 1]))
 
 
 @gluon.jit
@@ -413,9 +430,9 @@ def _solve_diagonal_blocks(blocks, solved, like):
     """D^-1 = (I - Nb)^-1 for Nb the staged diagonal blocks of -A, by forward substitution in fp32 on the CUDA
     cores; returned block diagonal in the layout of `like` (the [BT, BT] wgmma accumulator layout).
 
-    A thread owns one column of one block's inverse X, its BLOCK rows in registers. Step s adds Nb[:, s] X[s, :]
-    to X (row s is final by then, Nb being strictly lower): 15 steps of 16 FMA a thread, the columns of Nb by
-    broadcast 16-byte loads, no barrier and no tensor-core round trip. Repeated squaring, which this replaces,
+    A thread owns one column of one block's inverse X, its BLOCK rows in registers. Step s adds Nb[t, s] X[s, :]
+    to the rows t > s of X (row s is final by then): 120 FMA a thread, only Nb's strictly lower entries read (the
+    staged blocks may hold anything on and above the diagonal), the columns of Nb by broadcast 16-byte loads, no barrier and no tensor-core round trip. Repeated squaring, which this replaces,
     was 7 dependent wgmma and 3 staged fp16 tiles, and formed the powers of a block, which grow where the inverse
     does not (alike keys; beta up to 2)."""
     NB: gl.constexpr = blocks.shape[1]
@@ -429,7 +446,9 @@ def _solve_diagonal_blocks(blocks, solved, like):
     x = gl.where(t == col, 1.0, 0.0) + gl.zeros([NB, BLOCK, BLOCK], gl.float32, solve)
     for s in gl.static_range(BLOCK - 1):
         x_s = gl.sum(gl.where(t == s, x, -0.0), axis=1)  # row s: one register (adding -0.0 folds away)
-        x = x + gl.expand_dims(columns.index(s).load(gl.SliceLayout(2, solve)), 2) * gl.expand_dims(x_s, 1)
+        # only the rows below s change (t is a register index: the select is resolved at compile time)
+        x = gl.where(t > s, x + gl.expand_dims(columns.index(s).load(gl.SliceLayout(2, solve)), 2)
+                     * gl.expand_dims(x_s, 1), x)
     solved = solved._reinterpret(gl.float32, [NB, BLOCK, BLOCK], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
     solved.store(x)
     gl.thread_barrier()
@@ -466,15 +485,22 @@ def _unit_lower_inverse(blocks, solved, l_tile, n_tile, w_tile, d_tile, eye_tile
 
 
 @gluon.jit
-def publish_key_norms(gates, c, kk, i, j, flags):
+def publish_key_norms(gates, c, kk, flags):
     """rk of chunk c into its gate slot: 1 / sqrt(|k_t|^2 + 1e-6) of each k row t (fla's l2norm), read off the
-    diagonal of k k^T, which the tensor cores compute anyway (1 without FUSED_L2NORM). Both arches' aux
+    diagonal of k k^T, which the tensor cores compute anyway (1 without FUSED_L2NORM): the diagonal of its
+    diagonal blocks, a select over a thread's 8 entries of them instead of its 32 of the tile. Both arches' aux
     partitions; every warp of it has stored its rows on return."""
-    rk = gates.rk.index(c % NUM_SLOTS)
+    blocks = _diagonal_blocks(kk)
+    NB: gl.constexpr = blocks.shape[0]
+    layout: gl.constexpr = blocks.type.layout
+    t = gl.expand_dims(gl.expand_dims(gl.arange(0, BLOCK, gl.SliceLayout(0, gl.SliceLayout(2, layout))), 0), 2)
+    s = gl.expand_dims(gl.expand_dims(gl.arange(0, BLOCK, gl.SliceLayout(0, gl.SliceLayout(1, layout))), 0), 1)
+    diagonal = gl.sum(gl.where(t == s, blocks, 0.0), axis=2)
+    rk = gates.rk.index(c % NUM_SLOTS)._reinterpret(gl.float32, [NB, BLOCK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     if flags & L2NORM:
-        rk.store(1.0 / gl.sqrt(gl.sum(gl.where(i == j, kk, 0.0), axis=1) + 1e-6))
+        rk.store(1.0 / gl.sqrt(diagonal + 1e-6))
     else:
-        rk.store(gl.full([kk.shape[0]], 1.0, gl.float32, gl.SliceLayout(1, kk.type.layout)))
+        rk.store(gl.full_like(diagonal, 1.0))
     gl.thread_barrier()
 
 
@@ -509,23 +535,23 @@ def _aux_partition(inputs, gates, terms, inverse, q_desc, k_desc, v_desc, gate_s
         kk = warpgroup_mma(k_s, k_s.permute((1, 0)), zero, use_acc=False, is_async=True)
         gates.bars.wait_ready(c)
         kk = warpgroup_mma_wait(0, deps=[kk])
-        publish_key_norms(gates, c, kk, i, j, flags)
+        publish_key_norms(gates, c, kk, flags)
 
         # --- the row scalings, A and its two parts, then P: only the decay matrix is live beside one product
         terms.bars.wait_empty(c)
         gam_r = gates.gam.index(slot).load(rows)
-        a_rows = publish_row_scalings(terms, gates, c, gam_r, seq_len, scale, rows)
+        a_rows = publish_row_scalings(terms, gates, c, gam_r, seq_len, rows)
         decay = chunk_decay(gates, c, gam_r, i, j, seq_len - c * BT, cols)
         gates.bars.release(c)
         # -A: the inverse's tiles hold the negated blocks (_unit_lower_inverse)
-        a = gl.where(i > j, kk * decay * gl.expand_dims(-a_rows, 1), 0.0)
+        a = kk * decay * gl.expand_dims(-a_rows, 1)  # its diagonal is never read (_solve_diagonal_blocks)
         # -Lb in fp32 for the forward substitution, -L as an fp16 operand tile
         _stage_diagonal_blocks(a, inverse.blocks.index(0))
         l_tile = inverse.tile(L_TILE, c)
-        l_tile.store(gl.where((i // BLOCK) == (j // BLOCK), 0.0, a).to(gl.float16))
+        l_tile.store(_off_diagonal_blocks(a).to(gl.float16))
         qk = warpgroup_mma(q_s, k_s.permute((1, 0)), zero, use_acc=False)
         inputs.bars.release(c)
-        terms.p.index(slot).store((qk * decay * scale).to(dtype))
+        terms.p.index(slot).store((qk * decay).to(dtype))
         fence_async_shared()
         gl.thread_barrier()
 
