@@ -22,7 +22,7 @@ from collections import Counter
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SAMPLES = "Warp Stall Sampling (All Samples)"
-_TARGET = re.compile(r"\bBRA(?:\.\w+)*\s+0x([0-9a-f]+)")
+_TARGET = re.compile(r"\b(BRA(?:\.\w+)*\s+(?:!?UP\w+,\s*)?)0x([0-9a-f]+)")  # with sm_100a's uniform-predicate operand
 
 
 def read_source_page(path):
@@ -42,7 +42,7 @@ def read_source_page(path):
 
 def as_sass_text(insns, base):
     """The page as nvdisasm-style lines (relative branch targets), for gdn_aot's SASS helpers."""
-    return "\n".join(f"        /*{off:04x}*/ " + _TARGET.sub(lambda m: f"BRA 0x{int(m.group(1), 16) - base:x}", text)
+    return "\n".join(f"        /*{off:04x}*/ " + _TARGET.sub(lambda m: f"{m.group(1)}0x{int(m.group(2), 16) - base:x}", text)
                      + " ;" for off, text, _, _ in insns)
 
 

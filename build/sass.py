@@ -40,13 +40,14 @@ def opcode_counts(sass_text: str) -> Counter:
 
 
 def loop_ranges(sass_text: str) -> list[tuple[int, int]]:
-    """[target, branch] address ranges of the predicated backward branches (loop back edges). Unconditional
+    """[target, branch] address ranges of the predicated backward branches (loop back edges): `@P BRA target`, or
+    `BRA.U UP, target` where the branch tests a uniform predicate (sm_100a writes some loops so). Unconditional
     backward branches are left out: ptxas places the retry paths of mbarrier waits after the kernel's end and
     jumps back from there into the loop, which is not a loop; a branch to itself (the final trap) neither."""
     labels = {m.group(1): int(m.group(2), 16) for m in re.finditer(r"\.L_x_(\d+):\s*\n\s*/\*([0-9a-f]+)\*/", sass_text)}
     out = []
-    for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+@!?U?P\w+\s+BRA(?:\.\w+)*\s+(?:`\(\.L_x_(\d+)\)|0x([0-9a-f]+))",
-                         sass_text):
+    for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+BRA(?:\.\w+)*|BRA(?:\.\w+)*\s+!?UP\w+,)\s+"
+                         r"(?:`\(\.L_x_(\d+)\)|0x([0-9a-f]+))", sass_text):
         at = int(m.group(1), 16)
         target = labels.get(m.group(2)) if m.group(2) else int(m.group(3), 16)
         if target is not None and target < at:

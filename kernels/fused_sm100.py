@@ -56,8 +56,8 @@ from triton.experimental.gluon.language.nvidia.blackwell import (TensorMemoryLay
 from triton.language.core import _aggregate as aggregate
 
 from . import FUSED_HAS_H0 as _HAS_H0, FUSED_STORE_HT as _STORE_HT
-from .common import (Checkpoints, GateSource, load_state_tile, loop_variant, sequence_bounds, state_io_layout,
-                     store_state_tile)
+from .common import (Checkpoints, GateSource, load_state_tile, loop_variant, sequence_and_head, sequence_bounds,
+                     state_io_layout, store_state_tile)
 from .fused_sm90 import (GATE_IN_KERNEL, K_SCALE, LOAD_REGS, LOAD_WARPS, NORMS_WARPS, NUM_SLOTS, O_SCALE,
                          STATE_SCALE, V_SCALE, _load_partition, _norms_partition, chunk_decay, chunk_rings,
                          head_tiles, publish_inverse, publish_key_norms, publish_row_scalings, state_slot)
@@ -265,8 +265,8 @@ def fused_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0, ht, state_ind
     gl.static_assert(BT == 64, "one warpgroup owns a chunk's 64 rows in the aux partition (tcgen05 M = 64)")
     gl.static_assert(V == 128, "S's V rows are the 128 TMEM lanes (tcgen05 M = 128)")
     dtype: gl.constexpr = q.dtype.element_ty
-    i_n = gl.program_id(0)
-    i_hv = gl.program_id(1)
+    # head-major program order: a sequence's heads start together (common.sequence_and_head)
+    i_n, i_hv = sequence_and_head(HV, True)
     i_h = i_hv // (HV // H)
     bos, seq_len = sequence_bounds(i_n, cu_seqlens, T, IS_VARLEN)
 
@@ -304,7 +304,7 @@ def fused_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0, ht, state_ind
                          gl.allocate_shared_memory(gl.float32, [BT, BT], f32_tt), aux_bar.index(0))
     o_stage = gl.allocate_shared_memory(dtype, [2, BT, V], o_desc.layout)
     checkpoints = Checkpoints(state_checkpoints, checkpoint_rows, checkpoint_cu_starts, checkpoint_every_n_tokens, HV,
-                              BT, V, TRANSPOSE_STATE, CHECKPOINTS)
+                              BT, V, TRANSPOSE_STATE, CHECKPOINTS, True)
 
     worker_args = (inputs, gates, terms, scratch, q_desc, k_desc, v_desc, gate_source, seq_len, HV, scale, flags)
     gl.warp_specialize([

@@ -52,7 +52,7 @@ from triton.language.core import _aggregate as aggregate
 from . import FUSED_HAS_H0 as _HAS_H0, FUSED_L2NORM as _L2NORM, FUSED_STORE_HT as _STORE_HT
 from . import FUSED_GATE_IN_KERNEL as _GATE_IN_KERNEL, FUSED_USE_INDICES as _USE_INDICES
 from .common import (Checkpoints, GateSource, inverse_row_norms, load_state_tile, loop_variant, row_tile_desc,
-                     sequence_bounds, state_io_layout, store_state_tile, wgmma_layout)
+                     sequence_and_head, sequence_bounds, state_io_layout, store_state_tile, wgmma_layout)
 
 L2NORM = gl.constexpr(_L2NORM)
 HAS_H0 = gl.constexpr(_HAS_H0)
@@ -681,8 +681,8 @@ def fused_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0, ht, state_ind
     gl.static_assert(num_warps == STATE_WARPS, "the default partition is the two state warpgroups")
     gl.static_assert(BT == 64, "one warpgroup owns a chunk's 64 rows in the aux partition")
     dtype: gl.constexpr = q.dtype.element_ty
-    i_n = gl.program_id(0)
-    i_hv = gl.program_id(1)
+    # head-major program order: a sequence's heads start together (common.sequence_and_head)
+    i_n, i_hv = sequence_and_head(HV, True)
     i_h = i_hv // (HV // H)
     bos, seq_len = sequence_bounds(i_n, cu_seqlens, T, IS_VARLEN)
 
@@ -701,7 +701,7 @@ def fused_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0, ht, state_ind
     inverse = InverseScratch.make(BT)
     o_stage = gl.allocate_shared_memory(dtype, [BT, V], o_desc.layout)
     checkpoints = Checkpoints(state_checkpoints, checkpoint_rows, checkpoint_cu_starts, checkpoint_every_n_tokens, HV,
-                              BT, V, TRANSPOSE_STATE, CHECKPOINTS)
+                              BT, V, TRANSPOSE_STATE, CHECKPOINTS, True)
 
     worker_args = (inputs, gates, terms, inverse, q_desc, k_desc, v_desc, gate_source, seq_len, HV, scale,
                    flags)

@@ -122,7 +122,8 @@ def test_sm103a_takes_the_sm100a_path(tiny_build):
 
 
 def test_loop_ranges():
-    """Loop bodies are the ranges of predicated backward branches (nvdisasm -c labels or raw addresses)."""
+    """Loop bodies are the ranges of predicated backward branches (nvdisasm -c labels or raw addresses), the
+    predicate a guard or, on sm_100a, a uniform-predicate operand."""
     text = """
         /*0010*/                   MOV R1, R2 ;
         .L_x_1:
@@ -131,8 +132,13 @@ def test_loop_ranges():
         /*0040*/                   STL [R1], R3 ;
         /*0050*/                   BRA 0x20 ;
         /*0060*/                   BRA 0x60 ;
+        .L_x_2:
+        /*0070*/                   STG.E desc[UR4][R2.64], R3 ;
+        /*0080*/                   BRA.U UP0, `(.L_x_2) ;
+        /*0090*/                   BRA.U !UP1, 0x20 ;
+        /*00a0*/                   BRA.U !UP1, 0xb0 ;
     """
-    assert sass.loop_ranges(text) == [(0x20, 0x30)]
+    assert sass.loop_ranges(text) == [(0x20, 0x30), (0x70, 0x80), (0x20, 0x90)]
 
 
 def test_summary_matches_manifest(tiny_build):
