@@ -42,8 +42,9 @@ def read_source_page(path):
 
 def as_sass_text(insns, base):
     """The page as nvdisasm-style lines (relative branch targets), for gdn_aot's SASS helpers."""
-    return "\n".join(f"        /*{off:04x}*/ " + _TARGET.sub(lambda m: f"{m.group(1)}0x{int(m.group(2), 16) - base:x}", text)
-                     + " ;" for off, text, _, _ in insns)
+    def rebased(m):
+        return f"{m.group(1)}0x{int(m.group(2), 16) - base:x}"
+    return "\n".join(f"        /*{off:04x}*/ " + _TARGET.sub(rebased, text) + " ;" for off, text, _, _ in insns)
 
 
 def outer_loops(ranges):

@@ -432,9 +432,10 @@ def _solve_diagonal_blocks(blocks, solved, like):
 
     A thread owns one column of one block's inverse X, its BLOCK rows in registers. Step s adds Nb[t, s] X[s, :]
     to the rows t > s of X (row s is final by then): 120 FMA a thread, only Nb's strictly lower entries read (the
-    staged blocks may hold anything on and above the diagonal), the columns of Nb by broadcast 16-byte loads, no barrier and no tensor-core round trip. Repeated squaring, which this replaces,
-    was 7 dependent wgmma and 3 staged fp16 tiles, and formed the powers of a block, which grow where the inverse
-    does not (alike keys; beta up to 2)."""
+    staged blocks may hold anything on and above the diagonal), the columns of Nb by broadcast 16-byte loads, no
+    barrier and no tensor-core round trip. Repeated squaring, which this replaces, was 7 dependent wgmma and 3
+    staged fp16 tiles, and formed the powers of a block, which grow where the inverse does not (alike keys; beta
+    up to 2)."""
     NB: gl.constexpr = blocks.shape[1]
     BT: gl.constexpr = NB * BLOCK
     columns = blocks._reinterpret(gl.float32, blocks.shape, gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
