@@ -10,9 +10,9 @@ Variants (textual edits of a temporary copy of kernels/fused_sm90.py, never of t
   no_inverse  the aux partition skips (I + A)^-1 (Tc = A): the inverse's share of the aux role
 --variants A.py,B.py adds whole replacements of kernels/fused_sm90.py (named by their file stems), for A/B tests of
 a change before it is made in the checkout; --only fused,A times a subset.
---check first compares the kernel (and each --variants file) with the float64 token recurrence (small cases) and the fp32 chunked reference
-(large ones; tests/reference.py), as max |out - ref| / max |ref|. Times: CUDA events, median of 20 after 3 warm-up
-calls, outputs preallocated; ms.
+--check first compares the kernel (and each --variants file) with the float64 token recurrence (small cases) and
+the fp32 chunked reference (large ones; tests/reference.py), as max |out - ref| / max |ref|. Times: CUDA events,
+median of 20 after 3 warm-up calls, outputs preallocated; ms.
 """
 import argparse
 import importlib

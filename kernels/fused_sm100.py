@@ -19,10 +19,9 @@ accumulates in fp32, the inverse is tf32, S stays fp32.
 Partitions, 16 warps. The kernel is compiled for the 8
 default warps at 128 registers a thread, a full register file, and setmaxnreg moves them:
   * state, the default partition: 2 warpgroups, (2048 - 4 * AUX_REGS - 4 * 24) / 8 = 148, 144 registers
-    (setmaxnreg takes multiples of 8). A
-    warpgroup reaches all 128 TMEM lanes, so the second one halves the columns each thread moves through
-    registers (32 of a [V, BT] tile, 64 of S): that register work between the MMAs of the serial chain
-    S -> kh -> v_new -> S is what the recurrence waits on;
+    (setmaxnreg takes multiples of 8). A warpgroup reaches all 128 TMEM lanes, so the second one halves the
+    columns each thread moves through registers (32 of a [V, BT] tile, 64 of S): that register work between the
+    MMAs of the serial chain S -> kh -> v_new -> S is what the recurrence waits on;
   * aux, 4 warps, AUX_REGS = 192 (at 184 it reloads two spilled values every chunk, at 176 six): all that
     does not depend on the state (k k^T and q k^T, the decay, the row scalings, P, gdn_prepare's blocked tf32
     inverse, imported from prepare_sm100.py, one diagonal block a warp, hence 4 warps, and Tv), up to
@@ -58,7 +57,7 @@ from triton.language.core import _aggregate as aggregate
 from . import FUSED_HAS_H0 as _HAS_H0, FUSED_STORE_HT as _STORE_HT
 from .common import (Checkpoints, GateSource, load_state_tile, loop_variant, sequence_and_head, sequence_bounds,
                      state_io_layout, store_state_tile)
-from .fused_sm90 import (GATE_IN_KERNEL, K_SCALE, LOAD_REGS, LOAD_WARPS, NORMS_WARPS, NUM_SLOTS, O_SCALE,
+from .fused_sm90 import (GATE_IN_KERNEL, HEAD_MAJOR, K_SCALE, LOAD_REGS, LOAD_WARPS, NORMS_WARPS, NUM_SLOTS, O_SCALE,
                          STATE_SCALE, V_SCALE, _load_partition, _norms_partition, chunk_decay, chunk_rings,
                          head_tiles, publish_inverse, publish_key_norms, publish_row_scalings, state_slot)
 from .prepare_sm100 import _unit_lower_inverse
@@ -265,8 +264,7 @@ def fused_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0, ht, state_ind
     gl.static_assert(BT == 64, "one warpgroup owns a chunk's 64 rows in the aux partition (tcgen05 M = 64)")
     gl.static_assert(V == 128, "S's V rows are the 128 TMEM lanes (tcgen05 M = 128)")
     dtype: gl.constexpr = q.dtype.element_ty
-    # head-major program order: a sequence's heads start together (common.sequence_and_head)
-    i_n, i_hv = sequence_and_head(HV, True)
+    i_n, i_hv = sequence_and_head(HV, HEAD_MAJOR)  # a sequence's heads start together
     i_h = i_hv // (HV // H)
     bos, seq_len = sequence_bounds(i_n, cu_seqlens, T, IS_VARLEN)
 
@@ -304,7 +302,7 @@ def fused_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0, ht, state_ind
                          gl.allocate_shared_memory(gl.float32, [BT, BT], f32_tt), aux_bar.index(0))
     o_stage = gl.allocate_shared_memory(dtype, [2, BT, V], o_desc.layout)
     checkpoints = Checkpoints(state_checkpoints, checkpoint_rows, checkpoint_cu_starts, checkpoint_every_n_tokens, HV,
-                              BT, V, TRANSPOSE_STATE, CHECKPOINTS, True)
+                              BT, V, TRANSPOSE_STATE, CHECKPOINTS, HEAD_MAJOR)
 
     worker_args = (inputs, gates, terms, scratch, q_desc, k_desc, v_desc, gate_source, seq_len, HV, scale, flags)
     gl.warp_specialize([

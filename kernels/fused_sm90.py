@@ -67,6 +67,8 @@ LOAD_WARPS = gl.constexpr(2)
 NORMS_WARPS = gl.constexpr(2)
 LOG2E = gl.constexpr(1.4426950408889634)
 STATE_WARPS = gl.constexpr(8)
+# programs numbered head-major (common.sequence_and_head): the kernel's own ids and its checkpoints' agree
+HEAD_MAJOR = gl.constexpr(True)
 # rows of a chunk-terms slot's scaling tile: beta and the column scalings of kh (-e^gam rk), of v_new before the
 # state update and of S q^T (e^gam), and the state's decay
 BETA = gl.constexpr(0)
@@ -682,8 +684,7 @@ def fused_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0, ht, state_ind
     gl.static_assert(num_warps == STATE_WARPS, "the default partition is the two state warpgroups")
     gl.static_assert(BT == 64, "one warpgroup owns a chunk's 64 rows in the aux partition")
     dtype: gl.constexpr = q.dtype.element_ty
-    # head-major program order: a sequence's heads start together (common.sequence_and_head)
-    i_n, i_hv = sequence_and_head(HV, True)
+    i_n, i_hv = sequence_and_head(HV, HEAD_MAJOR)  # a sequence's heads start together
     i_h = i_hv // (HV // H)
     bos, seq_len = sequence_bounds(i_n, cu_seqlens, T, IS_VARLEN)
 
@@ -702,7 +703,7 @@ def fused_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0, ht, state_ind
     inverse = InverseScratch.make(BT)
     o_stage = gl.allocate_shared_memory(dtype, [BT, V], o_desc.layout)
     checkpoints = Checkpoints(state_checkpoints, checkpoint_rows, checkpoint_cu_starts, checkpoint_every_n_tokens, HV,
-                              BT, V, TRANSPOSE_STATE, CHECKPOINTS, True)
+                              BT, V, TRANSPOSE_STATE, CHECKPOINTS, HEAD_MAJOR)
 
     worker_args = (inputs, gates, terms, inverse, q_desc, k_desc, v_desc, gate_source, seq_len, HV, scale,
                    flags)

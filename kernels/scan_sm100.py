@@ -197,7 +197,7 @@ def scan_kernel(q, k, w, u, gam, qg, kg, cu_seqlens, h0, ht, state_indices, o, s
     kg_head = kg + row0 * HV + i_hv
     qg_r, kg_r, kg_c, gam_last = chunk_rows(gam_head, qg_head, kg_head, 0, seq_len, HV, BT, rows_tv, cols_tt)
     checkpoints = Checkpoints(state_checkpoints, checkpoint_rows, checkpoint_cu_starts, checkpoint_every_n_tokens, HV,
-                              BT, V, TRANSPOSE_STATE, CHECKPOINTS, False)
+                              BT, V, TRANSPOSE_STATE, CHECKPOINTS, HEAD_MAJOR=False)
 
     if n_chunks > 0:
         issue_chunk_loads(q_desc, k_desc, w_desc, u_desc, 0, bars.index(0),

@@ -183,7 +183,7 @@ def scan_kernel(q, k, w, u, gam, qg, kg, cu_seqlens, h0, ht, state_indices, o, s
     qg_head = qg + row0 * HV + i_hv
     kg_head = kg + row0 * HV + i_hv
     checkpoints = Checkpoints(state_checkpoints, checkpoint_rows, checkpoint_cu_starts, checkpoint_every_n_tokens, HV,
-                              BT, V, TRANSPOSE_STATE, CHECKPOINTS, False)
+                              BT, V, TRANSPOSE_STATE, CHECKPOINTS, HEAD_MAJOR=False)
 
     if WARP_SPECIALIZE:
         h = scan_chunks_warp_specialized(h, n_chunks, seq_len, q_desc, k_desc, w_desc, u_desc, o_desc, gam_head,
