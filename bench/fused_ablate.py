@@ -5,14 +5,18 @@ source the build compiles ahead of time). Run from the repository root:
     python3 bench/fused_ablate.py [--check] [--cases 32x8192,1x65536]
 Variants (textual edits of a temporary copy of kernels/fused_sm90.py, never of the checkout):
   fused       the kernel as it is
+  fused_copy  the same source loaded a second time: the difference between the two is the method's noise
   aux_stub    the aux partition publishes every chunk's terms at once: what is left is the state and load roles
   state_stub  the state partition only waits and releases: what is left is the aux and load roles
   no_inverse  the aux partition skips (I + A)^-1 (Tc = A): the inverse's share of the aux role
+  unsynced    neither the aux nor the state partition waits for the other on the terms ring (wrong answer):
+              what the hand-over between them costs, with all their work still done
 --variants A.py,B.py adds whole replacements of kernels/fused_sm90.py (named by their file stems), for A/B tests of
 a change before it is made in the checkout; --only fused,A times a subset.
 --check first compares the kernel (and each --variants file) with the float64 token recurrence (small cases) and
-the fp32 chunked reference (large ones; tests/reference.py), as max |out - ref| / max |ref|. Times: CUDA events,
-median of 20 after 3 warm-up calls, outputs preallocated; ms.
+the fp32 chunked reference (large ones; tests/reference.py), as max |out - ref| / max |ref|. Times: CUDA events
+around each launch, the variants in alternation (timing.timed_alternating), median of --reps launches each after 2
+warm-up ones, outputs preallocated; ms.
 """
 import argparse
 import importlib
@@ -27,10 +31,11 @@ import torch.nn.functional as F
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests"))
-from timing import timed  # noqa: E402  (bench/, the script's own folder)
+from timing import timed_alternating  # noqa: E402  (bench/, the script's own folder)
 K = V = 128
 CASES = {"1x8192": ([8192], 32), "4x2048": ([2048] * 4, 32), "1x65536": ([65536], 32),
-         "32x8192": ([8192] * 32, 32), "hv64-8x8192": ([8192] * 8, 64)}
+         "32x8192": ([8192] * 32, 32), "hv64-8x8192": ([8192] * 8, 64), "mixed": ([1000, 37, 4096, 511, 2900], 32),
+         "64seqs": ([round(100 + 2900 * ((29 * i) % 64) / 63) for i in range(64)], 32)}
 
 
 def _cut(src, start, end, new):
@@ -40,6 +45,7 @@ def _cut(src, start, end, new):
 
 VARIANTS = {
     "fused": lambda s: s,
+    "fused_copy": lambda s: s,
     "aux_stub": lambda s: _cut(
         s, "        # --- k k^T, and the inverse norms of the k rows", "        terms.bars.publish(c)",
         "        inputs.bars.release(c)\n        gates.bars.wait_ready(c)\n        gates.bars.release(c)\n"
@@ -50,6 +56,8 @@ VARIANTS = {
         "        terms.rq_bars.wait_ready(c)\n        terms.rq_bars.release(c)\n"
         "        o = gl.zeros([V, BT], gl.float32, acc_vt)\n"),
     "no_inverse": lambda s: _cut(s, "        tc = _unit_lower_inverse(", "        publish_inverse(", "        tc = a\n"),
+    "unsynced": lambda s: _cut(_cut(s, "        terms.bars.wait_ready(c)\n        kh, qh", "        kh, qh", ""),
+                               "        terms.bars.wait_empty(c)\n        gam_r", "        gam_r", ""),
 }
 
 
@@ -116,6 +124,7 @@ def main():
     ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
     ap.add_argument("--variants", default="", help="comma-separated replacement files for kernels/fused_sm90.py")
     ap.add_argument("--only", help="comma-separated names of the variants to time (default: all)")
+    ap.add_argument("--reps", type=int, default=40, help="timed launches of each variant a case")
     args = ap.parse_args()
     import triton
 
@@ -129,14 +138,15 @@ def main():
         for name in [n for n in kernels if n == "fused" or n in files]:
             print(f"{name}:")
             check(kernels[name])
-    print("case".ljust(14) + "".join(n.rjust(12) for n in kernels))
+    widths = [max(12, len(n) + 2) for n in kernels]
+    print("case".ljust(14) + "".join(n.rjust(w) for n, w in zip(kernels, widths)))
     for case in args.cases.split(","):
         lens, HV = CASES[case]
         q, k, v, g, beta, cu, h0 = inputs(lens, HV)
         o, ht = torch.empty_like(v), torch.empty_like(h0)
-        row = [timed(lambda: launch(kern, q, k, v, g, beta, cu, h0, o, ht), 20, warmup=3)[0]
-               for kern in kernels.values()]
-        print(case.ljust(14) + "".join(f"{t:12.3f}" for t in row), flush=True)
+        row = timed_alternating([lambda kern=kern: launch(kern, q, k, v, g, beta, cu, h0, o, ht)
+                                 for kern in kernels.values()], args.reps)
+        print(case.ljust(14) + "".join(f"{t:{w}.3f}" for t, w in zip(row, widths)), flush=True)
 
 
 if __name__ == "__main__":
