@@ -132,8 +132,7 @@ def _tmem_operands_ready():
 
 
 @gluon.jit
-def _aux_partition(inputs, gates, terms, scratch, q_desc, k_desc, v_desc, gate_source, seq_len, HV, scale,
-                   flags):
+def _aux_partition(inputs, gates, terms, scratch, q_desc, seq_len, flags):
     """The state-independent terms of every chunk (see the module docstring), into the terms ring."""
     BT: gl.constexpr = q_desc.block_type.shape[0]
     dtype: gl.constexpr = q_desc.block_type.element_ty
@@ -304,12 +303,11 @@ def fused_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0, ht, state_ind
     checkpoints = Checkpoints(state_checkpoints, checkpoint_rows, checkpoint_cu_starts, checkpoint_every_n_tokens, HV,
                               BT, V, TRANSPOSE_STATE, CHECKPOINTS, HEAD_MAJOR)
 
-    worker_args = (inputs, gates, terms, scratch, q_desc, k_desc, v_desc, gate_source, seq_len, HV, scale, flags)
     gl.warp_specialize([
         (_state_partition, (st, inputs, terms, o_desc, o_stage, seq_len, checkpoints)),
-        (_aux_partition, worker_args),
-        (_load_partition, worker_args),
-        (_norms_partition, worker_args),
+        (_aux_partition, (inputs, gates, terms, scratch, q_desc, seq_len, flags)),
+        (_load_partition, (inputs, gates, q_desc, k_desc, v_desc, gate_source, seq_len, HV)),
+        (_norms_partition, (inputs, terms, q_desc, seq_len, scale, flags)),
     ], [4, LOAD_WARPS, NORMS_WARPS], [AUX_REGS, LOAD_REGS, LOAD_REGS])
     # the last state update has completed (the state partition waited for it)
     h_final = gl.permute(st.s.load(reg_vk), [1, 0])

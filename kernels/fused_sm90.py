@@ -252,8 +252,7 @@ def _inverse_row_norms(tile, out, factor, L2: gl.constexpr):
 
 
 @gluon.jit
-def _norms_partition(inputs, gates, terms, scratch, q_desc, k_desc, v_desc, gate_source, seq_len, HV, scale,
-                     flags):
+def _norms_partition(inputs, terms, q_desc, seq_len, scale, flags):
     """For each chunk c, once its q tile has landed: scale rq into the terms ring (only the state partition uses it,
     as the column scaling of o^T, at the end of the chunk); then the chunk's input slot is released."""
     BT: gl.constexpr = q_desc.block_type.shape[0]
@@ -305,8 +304,7 @@ def _request_inputs(inputs, q_desc, k_desc, v_desc, c):
 
 
 @gluon.jit
-def _load_partition(inputs, gates, terms, scratch, q_desc, k_desc, v_desc, gate_source, seq_len, HV,
-                    scale, flags):
+def _load_partition(inputs, gates, q_desc, k_desc, v_desc, gate_source, seq_len, HV):
     """For each chunk c: chunk c + 1's gates into the gate ring (they wait only for their slot, which the aux
     partition frees early in chunk c - 1), then the TMA of chunk c + 1's q, k, v tiles (as soon as their slot
     is free: the state partition frees it at the end of chunk c - 1). The gates go a chunk ahead of the tiles
@@ -401,6 +399,15 @@ def _same_block(x4):
 
 
 @gluon.jit
+def _in_block_indices(layout: gl.constexpr):
+    """Row and column indices within a block, [1, BLOCK, 1] and [1, 1, BLOCK], of a [NB, BLOCK, BLOCK] batch of
+    blocks in `layout`."""
+    rows = gl.arange(0, BLOCK, gl.SliceLayout(0, gl.SliceLayout(2, layout)))
+    cols = gl.arange(0, BLOCK, gl.SliceLayout(0, gl.SliceLayout(1, layout)))
+    return gl.expand_dims(gl.expand_dims(rows, 0), 2), gl.expand_dims(gl.expand_dims(cols, 0), 1)
+
+
+@gluon.jit
 def _diagonal_blocks(x):
     """The diagonal [BLOCK, BLOCK] blocks of a [BT, BT] x (the wgmma accumulator layout), [BT / BLOCK, BLOCK,
     BLOCK]: a thread's rows hold every column block, so picking the diagonal one is a sum in registers."""
@@ -444,8 +451,7 @@ def _solve_diagonal_blocks(blocks, solved, like):
     # [block, row, column]: rows in registers, 16 lanes along the columns, blocks over lanes and warps (each
     # column twice over the 4 warps)
     solve: gl.constexpr = gl.BlockedLayout([1, BLOCK, 1], [2, 1, 16], [gl.num_warps(), 1, 1], [1, 2, 0])
-    t = gl.expand_dims(gl.expand_dims(gl.arange(0, BLOCK, gl.SliceLayout(0, gl.SliceLayout(2, solve))), 0), 2)
-    col = gl.expand_dims(gl.expand_dims(gl.arange(0, BLOCK, gl.SliceLayout(0, gl.SliceLayout(1, solve))), 0), 1)
+    t, col = _in_block_indices(solve)
     x = gl.where(t == col, 1.0, 0.0) + gl.zeros([NB, BLOCK, BLOCK], gl.float32, solve)
     for s in gl.static_range(BLOCK - 1):
         x_s = gl.sum(gl.where(t == s, x, -0.0), axis=1)  # row s: one register (adding -0.0 folds away)
@@ -496,8 +502,7 @@ def publish_key_norms(gates, c, kk, flags):
     blocks = _diagonal_blocks(kk)
     NB: gl.constexpr = blocks.shape[0]
     layout: gl.constexpr = blocks.type.layout
-    t = gl.expand_dims(gl.expand_dims(gl.arange(0, BLOCK, gl.SliceLayout(0, gl.SliceLayout(2, layout))), 0), 2)
-    s = gl.expand_dims(gl.expand_dims(gl.arange(0, BLOCK, gl.SliceLayout(0, gl.SliceLayout(1, layout))), 0), 1)
+    t, s = _in_block_indices(layout)
     diagonal = gl.sum(gl.where(t == s, blocks, 0.0), axis=2)
     rk = gates.rk.index(c % NUM_SLOTS)._reinterpret(gl.float32, [NB, BLOCK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     if flags & L2NORM:
@@ -508,8 +513,7 @@ def publish_key_norms(gates, c, kk, flags):
 
 
 @gluon.jit
-def _aux_partition(inputs, gates, terms, inverse, q_desc, k_desc, v_desc, gate_source, seq_len, HV,
-                   scale, flags):
+def _aux_partition(inputs, gates, terms, inverse, q_desc, seq_len, flags):
     """The state-independent terms of every chunk (see the module docstring), into the terms ring."""
     BT: gl.constexpr = q_desc.block_type.shape[0]
     dtype: gl.constexpr = q_desc.block_type.element_ty
@@ -705,13 +709,11 @@ def fused_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0, ht, state_ind
     checkpoints = Checkpoints(state_checkpoints, checkpoint_rows, checkpoint_cu_starts, checkpoint_every_n_tokens, HV,
                               BT, V, TRANSPOSE_STATE, CHECKPOINTS, HEAD_MAJOR)
 
-    worker_args = (inputs, gates, terms, inverse, q_desc, k_desc, v_desc, gate_source, seq_len, HV, scale,
-                   flags)
     state = gl.warp_specialize([
         (_state_partition, (state, inputs, terms, o_desc, o_stage, seq_len, checkpoints)),
-        (_aux_partition, worker_args),
-        (_load_partition, worker_args),
-        (_norms_partition, worker_args),
+        (_aux_partition, (inputs, gates, terms, inverse, q_desc, seq_len, flags)),
+        (_load_partition, (inputs, gates, q_desc, k_desc, v_desc, gate_source, seq_len, HV)),
+        (_norms_partition, (inputs, terms, q_desc, seq_len, scale, flags)),
     ], [4, LOAD_WARPS, NORMS_WARPS], [AUX_REGS, LOAD_REGS, LOAD_REGS])[0]
     store_state_tile(ht, gl.permute(state, [1, 0]), slot, i_hv, 0, HV, ((flags & STORE_HT) != 0) & (slot >= 0),
                      K, V, V, TRANSPOSE_STATE)
