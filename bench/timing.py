@@ -5,19 +5,22 @@ import statistics
 import torch
 
 
+def _call_ms(fn):
+    """ms of one call of fn, between CUDA events, waited for."""
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b)
+
+
 def timed(fn, reps, warmup=1):
     """(median, min) ms of `reps` calls of fn after `warmup` untimed ones."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
+    times = [_call_ms(fn) for _ in range(reps)]
     return statistics.median(times), min(times)
 
 
@@ -33,10 +36,5 @@ def timed_alternating(fns, reps, warmup=2):
     times = [[] for _ in fns]
     for r in range(reps):
         for i in (range(len(fns)) if r % 2 == 0 else reversed(range(len(fns)))):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fns[i]()
-            b.record()
-            b.synchronize()
-            times[i].append(a.elapsed_time(b))
+            times[i].append(_call_ms(fns[i]))
     return [statistics.median(t) for t in times]
