@@ -8,7 +8,7 @@ Variants (textual edits of a temporary copy of kernels/fused_sm90.py, never of t
   fused_copy  the same source loaded a second time: the difference between the two is the method's noise
   aux_stub    the aux partition publishes every chunk's terms at once: what is left is the state and load roles
   state_stub  the state partition only waits and releases: what is left is the aux and load roles
-  no_inverse  the aux partition skips (I + A)^-1 (Tc = A): the inverse's share of the aux role
+  no_inverse  the aux partition skips (I + A)^-1 (Tc = the decayed k k^T): the inverse's share of the aux role
   unsynced    neither the aux nor the state partition waits for the other on the terms ring (wrong answer):
               what the hand-over between them costs, with all their work still done
 --variants A.py,B.py adds whole replacements of kernels/fused_sm90.py (named by their file stems), for A/B tests of
@@ -55,7 +55,7 @@ VARIANTS = {
         "        terms.bars.wait_ready(c)\n        inputs.bars.release(c)\n        terms.bars.release(c)\n"
         "        terms.rq_bars.wait_ready(c)\n        terms.rq_bars.release(c)\n"
         "        o = gl.zeros([V, BT], gl.float32, acc_vt)\n"),
-    "no_inverse": lambda s: _cut(s, "        tc = _unit_lower_inverse(", "        publish_inverse(", "        tc = a\n"),
+    "no_inverse": lambda s: _cut(s, "        tc = inverse.invert(", "        publish_inverse(", "        tc = kk * decay\n"),
     "unsynced": lambda s: _cut(_cut(s, "        terms.bars.wait_ready(c)\n        kh, qh", "        kh, qh", ""),
                                "        terms.bars.wait_empty(c)\n        gam_r", "        gam_r", ""),
 }

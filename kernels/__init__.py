@@ -5,7 +5,8 @@ A forward is one of two routes (docs/algorithm.md has the math, docs/design.md t
                its k (and q): cumsum of g, A = beta k k^T with decay, (I + A)^-1, w and u, and the log row
                scalings of q and k for gdn_scan (gam plus the log inverse L2 norms with
                use_qk_l2norm_in_kernel: k is normalised here, q and k in gdn_scan through these scalings, so no
-               normalised copy reaches HBM)
+               normalised copy reaches HBM; sm_90a also has a warp-specialised, persistent variant,
+               PREPARE_WS_WARPS warps)
   gdn_scan     one program per (sequence, value head, V tile): walks the chunks with the state on chip and
                writes the output of every chunk as it goes, so no per-chunk state or v_new reaches HBM
                (sm_90a also has a warp-specialised variant, SCAN_WS_WARPS warps, for batches of one wave)
@@ -28,6 +29,10 @@ SCAN_WS_WARPS = 16
 # (the two state warpgroups), at 65536 / (32 * 16) = 128 registers a thread (setmaxnreg moves them).
 FUSED_WS_WARPS = 16
 FUSED_WS_DEFAULT = 8
+# A gdn_prepare variant with this many warps is the warp-specialised sm_90a prepare (prepare_sm90_ws.py): an 8-warp
+# writer partition (the kernel's num_warps, PREPARE_WS_DEFAULT), a 4-warp aux partition and a 4-warp load partition.
+PREPARE_WS_WARPS = 16
+PREPARE_WS_DEFAULT = 8
 
 
 def _warp_specialized_options(v: Variant, default_warps: int) -> dict:
@@ -44,11 +49,18 @@ def _fused_default_warps(v: Variant) -> int:
     return FUSED_WS_DEFAULT if v.num_warps == FUSED_WS_WARPS else v.num_warps
 
 
+def _prepare_warp_specialized(v: Variant) -> bool:
+    return v.num_warps == PREPARE_WS_WARPS
+
+
 GDN_PREPARE = KernelDef(
     name="gdn_prepare",
     params=abi.FAMILIES["gdn_prepare"].kernel_params,
     constexprs=lambda v: {"K": v.K, "V": v.V, "BT": v.BT, "IS_VARLEN": v.varlen, "GATING": v.gating,
-                          "num_warps": v.num_warps},
+                          "WARP_SPECIALIZE": _prepare_warp_specialized(v),
+                          "num_warps": PREPARE_WS_DEFAULT if _prepare_warp_specialized(v) else v.num_warps},
+    options=lambda v: (_warp_specialized_options(v, PREPARE_WS_DEFAULT) if _prepare_warp_specialized(v)
+                       else {"num_warps": v.num_warps, "num_stages": v.num_stages}),
     sources={"sm90": ".prepare_sm90:prepare_kernel", "sm100": ".prepare_sm100:prepare_kernel"},
     grid=abi.FAMILIES["gdn_prepare"].grid_doc,
     uses_axes=frozenset({"dtype", "K", "V", "BT", "varlen", "gating"}),
@@ -93,4 +105,4 @@ KERNELS: dict[str, KernelDef] = {kd.name: kd for kd in (GDN_PREPARE, GDN_SCAN, G
 # bits of the kernels' `flags` argument (the launcher ABI's, loader/abi.py): PREPARE_L2NORM, SCAN_HAS_H0, ...
 globals().update(abi.FLAGS)
 
-__all__ = ["KERNELS", "KernelDef", "Variant", "SCAN_WS_WARPS", "FUSED_WS_WARPS", *abi.FLAGS]
+__all__ = ["KERNELS", "KernelDef", "Variant", "SCAN_WS_WARPS", "FUSED_WS_WARPS", "PREPARE_WS_WARPS", *abi.FLAGS]

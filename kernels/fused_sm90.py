@@ -230,6 +230,33 @@ class InverseScratch:
         descriptors out of the loop, and spill them)."""
         return self.tiles.index(loop_variant(which, c))
 
+    @gluon.jit
+    def write_identity(self, layout: gl.constexpr):
+        """The identity into EYE_TILE, once (the inverse's identity terms are products with it), from a [BT, BT]
+        register `layout`; returns the tile."""
+        BT: gl.constexpr = self.tiles.shape[1]
+        i = gl.expand_dims(gl.arange(0, BT, gl.SliceLayout(1, layout)), 1)
+        j = gl.expand_dims(gl.arange(0, BT, gl.SliceLayout(0, layout)), 0)
+        eye_tile = self.tiles.index(EYE_TILE)
+        eye_tile.store(gl.where(i == j, 1.0, 0.0).to(gl.float16))
+        fence_async_shared()
+        gl.thread_barrier()
+        return eye_tile
+
+    @gluon.jit
+    def stage(self, neg_a, c):
+        """-A of chunk c in the two forms the inverse reads: its diagonal blocks -Lb in fp32 (the forward
+        substitution's) and the rest, -L, as an fp16 operand tile (A's diagonal is never read). The fence and
+        barrier that make them visible are the caller's."""
+        _stage_diagonal_blocks(neg_a, self.blocks.index(0))
+        self.tile(L_TILE, c).store(_off_diagonal_blocks(neg_a).to(gl.float16))
+
+    @gluon.jit
+    def invert(self, c, eye_tile, zero):
+        """Tc = (I + A)^-1 of chunk c from its staged -A (_unit_lower_inverse)."""
+        return _unit_lower_inverse(self.blocks.index(0), self.blocks.index(1), self.tile(L_TILE, c),
+                                   self.tile(N_TILE, c), self.tile(W_TILE, c), self.tile(D_TILE, c), eye_tile, zero)
+
 
 @gluon.jit
 def _add(a, b):
@@ -523,11 +550,7 @@ def _aux_partition(inputs, gates, terms, inverse, q_desc, seq_len, flags):
     i0 = gl.expand_dims(gl.arange(0, BT, rows), 1)
     j0 = gl.expand_dims(gl.arange(0, BT, cols), 0)
     zero = gl.zeros([BT, BT], gl.float32, acc_tt)
-    # the identity, once: the inverse's identity terms are products with it (_unit_lower_inverse)
-    eye_tile = inverse.tiles.index(EYE_TILE)
-    eye_tile.store(gl.where(i0 == j0, 1.0, 0.0).to(gl.float16))
-    fence_async_shared()
-    gl.thread_barrier()
+    eye_tile = inverse.write_identity(acc_tt)
     for c in range(gl.cdiv(seq_len, BT)):
         slot = c % NUM_SLOTS
         inputs.bars.wait_ready(c)
@@ -551,19 +574,14 @@ def _aux_partition(inputs, gates, terms, inverse, q_desc, seq_len, flags):
         decay = chunk_decay(gates, c, gam_r, i, j, seq_len - c * BT, cols)
         gates.bars.release(c)
         # -A: the inverse's tiles hold the negated blocks (_unit_lower_inverse)
-        a = kk * decay * gl.expand_dims(-a_rows, 1)  # its diagonal is never read (_solve_diagonal_blocks)
-        # -Lb in fp32 for the forward substitution, -L as an fp16 operand tile
-        _stage_diagonal_blocks(a, inverse.blocks.index(0))
-        l_tile = inverse.tile(L_TILE, c)
-        l_tile.store(_off_diagonal_blocks(a).to(gl.float16))
+        inverse.stage(kk * decay * gl.expand_dims(-a_rows, 1), c)
         qk = warpgroup_mma(q_s, k_s.permute((1, 0)), zero, use_acc=False)
         inputs.bars.release(c)
         terms.p.index(slot).store((qk * decay).to(dtype))
         fence_async_shared()
         gl.thread_barrier()
 
-        tc = _unit_lower_inverse(inverse.blocks.index(0), inverse.blocks.index(1), l_tile, inverse.tile(N_TILE, c),
-                                 inverse.tile(W_TILE, c), inverse.tile(D_TILE, c), eye_tile, zero)
+        tc = inverse.invert(c, eye_tile, zero)
         publish_inverse(terms, c, tc, dtype)
         fence_async_shared()
         terms.bars.publish(c)

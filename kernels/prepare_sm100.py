@@ -181,8 +181,9 @@ def _serve_value_head(i_hv, j, v_phase, k_smem, v_smem, a_smem, bt_smem, row_vec
 @gluon.jit
 def prepare_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, w, u, gam, qg, kg, T, num_seqs, H, HV, flags,
                    K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, IS_VARLEN: gl.constexpr,
-                   GATING: gl.constexpr, num_warps: gl.constexpr):
+                   GATING: gl.constexpr, WARP_SPECIALIZE: gl.constexpr, num_warps: gl.constexpr):
     gl.static_assert(BT == 64, "one CTA owns the 64 rows of a chunk (tcgen05 M = 64)")
+    gl.static_assert(not WARP_SPECIALIZE, "sm_100a's gdn_prepare is one CTA of num_warps warps")
     gl.static_assert((K <= 2 * BT) & (V <= 2 * BT), "w and u are staged in the fp32 [BT, BT] operand tiles")
     dtype: gl.constexpr = k.dtype.element_ty
     start, n_rows = sequence_of_chunk_slot(gl.program_id(0), cu_seqlens, T, num_seqs, BT, IS_VARLEN)

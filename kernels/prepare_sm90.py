@@ -26,6 +26,7 @@ from .common import (PREPARE_GATE_IN_KERNEL, PREPARE_L2NORM, GateSource,
                      causal_decay, chunk_gates, chunk_tile_ptrs, diagonal_block_inverses,
                      inverse_row_norms, load_rows, loop_variant, row_load_layout, row_mask, sequence_of_chunk_slot,
                      wgmma_layout)
+from .prepare_sm90_ws import prepare_chunks_warp_specialized
 
 
 @gluon.jit
@@ -136,8 +137,23 @@ def _serve_value_head(i_hv, k_smem, v, v_smem, tf32_smem, log_rq, log_rk, g, bet
 @gluon.jit
 def prepare_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, w, u, gam, qg, kg, T, num_seqs, H, HV, flags,
                    K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, IS_VARLEN: gl.constexpr,
-                   GATING: gl.constexpr, num_warps: gl.constexpr):
+                   GATING: gl.constexpr, WARP_SPECIALIZE: gl.constexpr, num_warps: gl.constexpr):
     gl.static_assert(BT == 64, "one warpgroup owns the 64 rows of a chunk")
+    gl.static_assert(not (GATING and WARP_SPECIALIZE), "the warp-specialised gdn_prepare has no gating variant")
+    if WARP_SPECIALIZE:
+        prepare_chunks_warp_specialized(q, k, v, g, beta, cu_seqlens, w, u, gam, qg, kg, T, num_seqs, H, HV, flags,
+                                        K, V, BT, IS_VARLEN)
+    else:
+        _prepare_chunk(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, w, u, gam, qg, kg, T, num_seqs, H, HV, flags,
+                       K, V, BT, IS_VARLEN, GATING)
+
+
+@gluon.jit
+def _prepare_chunk(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, w, u, gam, qg, kg, T, num_seqs, H, HV, flags,
+                   K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, IS_VARLEN: gl.constexpr,
+                   GATING: gl.constexpr):
+    """The program's chunk slot and key head on one warpgroup."""
+    num_warps: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = k.dtype.element_ty
     start, n_rows = sequence_of_chunk_slot(gl.program_id(0), cu_seqlens, T, num_seqs, BT, IS_VARLEN)
     i_h = gl.program_id(1)

@@ -11,40 +11,52 @@ from conftest import ARCHES
 # Blackwell (sm_100a, and sm_103a compiled from the same sources): tcgen05 MMA (UTCHMMA) into tensor memory (read
 # back with LDTM), fed by TMA.
 BLACKWELL = ("sm_100a", "sm_103a")
+WARP_SPECIALIZED_PREPARE = ("sm_90a", "gdn_prepare", 16)  # prepare_sm90_ws.py: another path than the 4-warp one
 REQUIRED = [
-    ("sm_90a", "gdn_prepare", ("HGMMA", "UTMALDG", "LDGSTS")),
-    ("sm_90a", "gdn_scan", ("HGMMA", "UTMALDG", "SYNCS", "WARPGROUP")),
-    ("sm_90a", "gdn_fused", ("HGMMA", "UTMALDG", "UTMASTG", "SYNCS", "WARPGROUP")),
-    *((arch, kernel, families) for arch in BLACKWELL for kernel, families in (
+    ("sm_90a", "gdn_prepare", 4, ("HGMMA", "UTMALDG", "LDGSTS")),
+    (*WARP_SPECIALIZED_PREPARE, ("HGMMA", "UTMALDG", "SYNCS", "WARPGROUP")),
+    ("sm_90a", "gdn_scan", None, ("HGMMA", "UTMALDG", "SYNCS", "WARPGROUP")),
+    ("sm_90a", "gdn_fused", None, ("HGMMA", "UTMALDG", "UTMASTG", "SYNCS", "WARPGROUP")),
+    *((arch, kernel, None, families) for arch in BLACKWELL for kernel, families in (
         ("gdn_prepare", ("UTCHMMA", "LDTM", "UTMALDG")),
         ("gdn_scan", ("UTCHMMA", "LDTM", "UTMALDG")),
         ("gdn_fused", ("UTCHMMA", "LDTM", "STTM", "UTMALDG", "UTMASTG", "SYNCS")))),
 ]
-# mma.sync (HMMA, the pre-Hopper path) only where it is meant: gdn_prepare (every arch) and the Blackwell gdn_fused's
-# aux partition invert the chunk's four 16 x 16 diagonal blocks with warp-level tf32 MMAs, one block a warp (3
-# squaring rounds x 2 products x 3 tf32 parts (hi hi, hi lo, lo hi) x 4 m16n8k8); the sm_90a gdn_fused inverts on
-# wgmma; every other product runs on wgmma (HGMMA) or tcgen05 (UTCHMMA).
-EXPECTED_HMMA = {"gdn_prepare": 72, "gdn_scan": 0, "gdn_fused": 72, ("sm_90a", "gdn_fused"): 0}
+# mma.sync (HMMA, the pre-Hopper path) only where it is meant: gdn_prepare (every arch, but for the sm_90a
+# warp-specialised one) and the Blackwell gdn_fused's aux partition invert the chunk's four 16 x 16 diagonal blocks
+# with warp-level tf32 MMAs, one block a warp (3 squaring rounds x 2 products x 3 tf32 parts (hi hi, hi lo, lo hi)
+# x 4 m16n8k8); the sm_90a gdn_fused and warp-specialised gdn_prepare invert on wgmma; every other product runs on
+# wgmma (HGMMA) or tcgen05 (UTCHMMA).
+EXPECTED_HMMA = {"gdn_prepare": 72, "gdn_scan": 0, "gdn_fused": 72, ("sm_90a", "gdn_fused"): 0,
+                 WARP_SPECIALIZED_PREPARE: 0}
 # known gaps of the kernels as written today; strict=False so a fixed kernel shows up as XPASS (then drop it)
 KNOWN_GAPS = {
-    ("sm_90a", "gdn_prepare", "UTMALDG"): "prepare_sm90 loads k, q into registers (their norms) and v by cp.async "
-                                          "(LDGSTS), not TMA: a varlen chunk would need per-chunk descriptors",
+    ("sm_90a", "gdn_prepare", 4, "UTMALDG"): "prepare_sm90 loads k, q into registers (their norms) and v by "
+                                             "cp.async (LDGSTS), not TMA: a varlen chunk would need per-chunk "
+                                             "descriptors",
 }
 
 
 def _cases():
-    for arch, kernel, families in REQUIRED:
+    for arch, kernel, warps, families in REQUIRED:
         for fam in families:
-            gap = KNOWN_GAPS.get((arch, kernel, fam))
+            gap = KNOWN_GAPS.get((arch, kernel, warps, fam))
             marks = [pytest.mark.xfail(reason=gap, strict=False)] if gap else []
-            yield pytest.param(arch, kernel, fam, marks=marks, id=f"{arch}-{kernel}-{fam}")
+            name = f"{arch}-{kernel}" + (f"-w{warps}" if warps else "") + f"-{fam}"
+            yield pytest.param(arch, kernel, warps, fam, marks=marks, id=name)
 
 
-@pytest.mark.parametrize("arch, kernel, family", list(_cases()))
-def test_hardware_path(tiny_build, arch, kernel, family):
-    for key, e in tiny_build.require(arch, kernel).items():
+@pytest.mark.parametrize("arch, kernel, warps, family", list(_cases()))
+def test_hardware_path(tiny_build, arch, kernel, warps, family):
+    """The variants of `kernel` on `arch` (those with `warps` warps, where given) contain the instruction family,
+    and the expected count of HMMA."""
+    variants = {key: e for key, e in tiny_build.require(arch, kernel).items()
+                if warps is None or e["num_warps"] == warps}
+    assert variants, f"the tiny build has no {kernel} variant with {warps} warps on {arch}"
+    for key, e in variants.items():
         assert e["sass"][family] > 0, f"{key}: no {family} in its SASS ({e['sass']})"
-        expected = EXPECTED_HMMA.get((arch, kernel), EXPECTED_HMMA[kernel])
+        expected = EXPECTED_HMMA.get((arch, kernel, e["num_warps"]),
+                                     EXPECTED_HMMA.get((arch, kernel), EXPECTED_HMMA[kernel]))
         assert e["sass"]["HMMA"] == expected, f"{key}: HMMA (the pre-Hopper tensor-core path) count"
 
 

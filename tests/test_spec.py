@@ -156,14 +156,16 @@ def test_shipped_specs_enumerate():
     assert len(q.variants) == 168 and len({v.key for v in q.variants}) == 168
     assert _as_sm100(q.for_arch("sm_103a")) == q.for_arch("sm_100a")  # sm_103a takes sm_100a's sections
     assert q.dispatch["sm_103a"] == q.dispatch["sm_100a"]
-    ws = [v for v in q.for_arch("sm_90a") if v.num_warps == q.dispatch["sm_90a"]["gdn_scan"]["single_wave_warps"]]
+    ws = [v for v in q.for_arch("sm_90a")
+          if v.kernel == "gdn_scan" and v.num_warps == q.dispatch["sm_90a"]["gdn_scan"]["single_wave_warps"]]
     assert {(v.kernel, v.BV, v.varlen) for v in ws} == {("gdn_scan", 32, True), ("gdn_scan", 64, True)}
     assert len(ws) == 24  # (bf16, fp32), (fp16, fp32), (bf16, bf16) x BV 32, 64 x both layouts, and with checkpoints
     ckpt = [v for v in q.variants if v.checkpoints]
     assert {v.kernel for v in ckpt} == {"gdn_scan"} and all(v.varlen for v in ckpt) and len(ckpt) == 48
     assert {(v.BV, v.num_warps) for v in ckpt if v.arch == "sm_90a"} == {(32, 4), (128, 8), (32, 16), (64, 16)}
     t = load_spec("tiny")  # a shipped spec by name
-    assert len(t.variants) == 24
+    assert len(t.variants) == 25
+    assert sorted(v.num_warps for v in t.for_arch("sm_90a") if v.kernel == "gdn_prepare") == [4, 16]
     assert {(v.kernel, v.BV, v.num_warps, v.transpose, v.state_dtype, v.checkpoints) for v in t.for_arch("sm_103a")} \
         == {("gdn_prepare", 128, 4, False, "fp32", False), ("gdn_scan", 64, 4, False, "fp32", False),
             ("gdn_fused", 128, 16, False, "fp32", False)}
@@ -184,7 +186,9 @@ def test_shipped_specs_enumerate():
     assert all(v.num_warps == 16 and v.BT == 64 for v in f.variants)
     assert {v.dtype for v in t.variants} == {"bf16"}
     prep = [v for v in q.variants if v.kernel == "gdn_prepare"]  # BV and transpose unused: their defaults
-    assert all(v.BT == 64 and v.BK == 128 and v.BV == 128 and not v.transpose and v.num_warps == 4 for v in prep)
+    assert all(v.BT == 64 and v.BK == 128 and v.BV == 128 and not v.transpose for v in prep)
+    # sm_90a: the warp-specialised gdn_prepare (16 warps) but for the gating variants
+    assert all(v.num_warps == (16 if v.arch == "sm_90a" and not v.gating else 4) for v in prep)
     assert {(v.dtype, v.varlen, v.gating) for v in prep} == set(itertools.product(("bf16", "fp16"), (True, False),
                                                                                    (True, False)))
     assert {v.state_dtype for v in prep} == {"fp32"}  # gdn_prepare never touches the state

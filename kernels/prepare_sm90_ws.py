@@ -1,0 +1,295 @@
+"""gdn_prepare for Hopper (sm_90a), warp-specialised: gdn_fused's chunk algebra on the chunk-parallel grid.
+
+Same grid, arguments and outputs as prepare_sm90.py (steps 1-3 of docs/algorithm.md: w, u, gam, qg and kg for
+gdn_scan), but persistent: the first SM-count programs of the grid (%nsmid) each stride over its
+(chunk slot, key head) pairs and the rest end at once, so an SM sets up its rings, descriptors and the inverse's
+identity tile once and then streams items (chunk, value head): for each pair, the HV / H value heads that share
+the key head's k. The partitions meet at mbarriers over two-slot rings, so that the inverse of one item overlaps
+the loads of the next and the products and stores of the one before:
+  * aux (4 warps, AUX_REGS): k k^T (rk, the inverse norms of the k rows, is its diagonal), the decayed A and
+    Tc = (I + A)^-1 by gdn_fused's blocked inverse (the diagonal 16 x 16 blocks by forward substitution on the
+    CUDA cores, then four fp16 wgmma); publishes Tw = Tc diag(beta e^gam rk) and Tu = Tc diag(beta), each
+    rounded once to the input dtype, and rk;
+  * writer (the default partition, 8 warps: w's and u's columns split over two warpgroups): gam = cumsum(g)
+    (natural log units, as gdn_scan reads it), qg = gam + ln rq (rq from the q tile) and kg = gam - ln rk;
+    w = Tw k and u = Tu v on wgmma, every operand in shared memory; a whole chunk leaves by TMA store through
+    staging tiles, a sequence's partial last chunk by masked stores (the rows after it are the next sequence's);
+  * load (4 warps at LOAD_REGS): TMA of the item's q, k and v tiles into the input ring through descriptors over
+    the whole batch (made once a program; rows past a sequence's end are zeroed by the algebra's masks, never
+    stored), and its gates (log2 units, for the decay) into the gate ring.
+One program an SM (216 KB of shared memory): the single-warpgroup kernel runs two an SM and pays every
+chunk's load latency and setup; here one chunk's inverse hides the next one's loads (docs/performance.md).
+Gating variants (fla's use_gate_in_kernel, ...) are not built this way: their beta may reach 2, where the fp16
+inverse overflows (the single-warpgroup kernel's inverse is tf32).
+"""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                               warpgroup_mma_wait)
+from triton.language.core import _aggregate as aggregate
+
+from . import PREPARE_L2NORM as _L2NORM
+from .common import inverse_row_norms, loop_variant, sequence_of_chunk_slot, wgmma_layout
+from .fused_sm90 import (LOG2E, NUM_SLOTS, GateRing, InputRing, InverseScratch, SlotBarriers, _add, _publish_gates,
+                         chunk_decay, publish_key_norms)
+
+L2NORM = gl.constexpr(_L2NORM)
+AUX_REGS = gl.constexpr(152)
+LOAD_REGS = gl.constexpr(24)
+LOAD_WARPS = gl.constexpr(4)
+
+
+@aggregate
+class ItemStream:
+    """The program's items: its (chunk slot, key head) pairs q = first + i * stride, i < n_pairs, of the grid's
+    n_slots x H (q = key head * n_slots + slot), each for the key head's `group` value heads; item c is pair
+    c // group, value head c % group."""
+    first: gl.tensor
+    stride: gl.tensor
+    n_items: gl.tensor
+    n_slots: gl.tensor
+    group: gl.tensor
+    cu_seqlens: gl.tensor
+    T: gl.tensor
+    num_seqs: gl.tensor
+    BT: gl.constexpr
+    IS_VARLEN: gl.constexpr
+
+    @gluon.constexpr_function
+    def __init__(self, first, stride, n_items, n_slots, group, cu_seqlens, T, num_seqs, BT, IS_VARLEN):
+        self.first = first
+        self.stride = stride
+        self.n_items = n_items
+        self.n_slots = n_slots
+        self.group = group
+        self.cu_seqlens = cu_seqlens
+        self.T = T
+        self.num_seqs = num_seqs
+        self.BT = gl.constexpr(BT)
+        self.IS_VARLEN = gl.constexpr(IS_VARLEN)
+
+    @gluon.jit
+    def item(self, c):
+        """(first row, rows, key head, value head) of item c; rows <= 0: an idle slot (a varlen batch's spare
+        ones)."""
+        pair = self.first + (c // self.group) * self.stride
+        i_h = pair // self.n_slots
+        start, n_rows = sequence_of_chunk_slot(pair % self.n_slots, self.cu_seqlens, self.T, self.num_seqs, self.BT,
+                                               self.IS_VARLEN)
+        return start, n_rows, i_h, i_h * self.group + c % self.group
+
+
+@aggregate
+class ItemTerms:
+    """What the writer takes for an item from the aux partition: Tw = Tc diag(beta e^gam rk) and
+    Tu = Tc diag(beta), [NUM_SLOTS, BT, BT] in the input dtype (w = Tw k, u = Tu v), and rk [NUM_SLOTS, BT]
+    fp32 (kg's)."""
+    tw: gl.shared_memory_descriptor
+    tu: gl.shared_memory_descriptor
+    rk: gl.shared_memory_descriptor
+    bars: SlotBarriers
+
+    @gluon.constexpr_function
+    def __init__(self, tw, tu, rk, bars):
+        self.tw = tw
+        self.tu = tu
+        self.rk = rk
+        self.bars = bars
+
+
+@gluon.jit
+def _sm_count():
+    """The GPU's SM count (%nsmid)."""
+    return gl.inline_asm_elementwise("mov.u32 $0, %nsmid;", "=r,r", [gl.program_id(0)], dtype=gl.int32,
+                                     is_pure=True, pack=1)
+
+
+@gluon.jit
+def _batch_desc(base, rows, heads, BT: gl.constexpr, COLS: gl.constexpr):
+    """TMA descriptor over a token-major [rows, heads * COLS] tensor, [BT, COLS] tiles (one head's columns)."""
+    layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, COLS], base.dtype.element_ty)
+    return tma.make_tensor_descriptor(base, [rows, heads * COLS], [heads * COLS, 1], [BT, COLS], layout)
+
+
+@gluon.jit
+def _load_partition(items, inputs, gates, q_desc, k_desc, v_desc, g, beta, HV):
+    """Each item's gates into the gate ring and its q, k, v tiles into the input ring."""
+    BT: gl.constexpr = inputs.q.shape[1]
+    K: gl.constexpr = inputs.q.shape[2]
+    V: gl.constexpr = inputs.v.shape[2]
+    nbytes: gl.constexpr = q_desc.block_type.nbytes + k_desc.block_type.nbytes + v_desc.block_type.nbytes
+    # every warp holds all BT rows, so the cumsum is a warp-level scan
+    rows: gl.constexpr = gl.BlockedLayout([BT // 32], [32], [gl.num_warps()], [0])
+    r = gl.arange(0, BT, rows)
+    for c in range(items.n_items):
+        start, n_rows, i_h, i_hv = items.item(c)
+        offs = (start + r).to(gl.int64) * HV + i_hv
+        _publish_gates(gates, c, gl.load(g + offs, mask=r < n_rows, other=0.0) * LOG2E,
+                       gl.load(beta + offs, mask=r < n_rows, other=0.0))
+        slot = c % NUM_SLOTS
+        inputs.bars.wait_empty(c)
+        ready = inputs.bars.ready_bar(c)
+        mbarrier.expect(ready, nbytes)
+        tma.async_copy_global_to_shared(q_desc, [start, i_h * K], ready, inputs.q.index(slot))
+        tma.async_copy_global_to_shared(k_desc, [start, i_h * K], ready, inputs.k.index(slot))
+        tma.async_copy_global_to_shared(v_desc, [start, i_hv * V], ready, inputs.v.index(slot))
+
+
+@gluon.jit
+def _aux_partition(items, inputs, gates, terms, inverse, flags):
+    """The terms of each item into the terms ring (see the module docstring)."""
+    BT: gl.constexpr = inputs.k.shape[1]
+    dtype: gl.constexpr = inputs.k.dtype
+    acc_tt: gl.constexpr = wgmma_layout(BT, BT, 4)
+    rows: gl.constexpr = gl.SliceLayout(1, acc_tt)
+    cols: gl.constexpr = gl.SliceLayout(0, acc_tt)
+    i0 = gl.expand_dims(gl.arange(0, BT, rows), 1)
+    j0 = gl.expand_dims(gl.arange(0, BT, cols), 0)
+    zero = gl.zeros([BT, BT], gl.float32, acc_tt)
+    eye_tile = inverse.write_identity(acc_tt)
+    for c in range(items.n_items):
+        slot = c % NUM_SLOTS
+        _, n_rows, _, _ = items.item(c)
+        i = loop_variant(i0, c)
+        inputs.bars.wait_ready(c)
+        k_s = inputs.k.index(slot)
+        kk = warpgroup_mma(k_s, k_s.permute((1, 0)), zero, use_acc=False, is_async=True)
+        gates.bars.wait_ready(c)
+        kk = warpgroup_mma_wait(0, deps=[kk])
+        inputs.bars.release(c)
+        publish_key_norms(gates, c, kk, flags)
+        gam_r = gates.gam.index(slot).load(rows)
+        rk_r = gates.rk.index(slot).load(rows)
+        a_rows = gates.beta.index(slot).load(rows) * rk_r
+        beta_cols = gates.beta.index(slot).load(cols)
+        w_cols = beta_cols * gl.exp2(gates.gam.index(slot).load(cols)) * gates.rk.index(slot).load(cols)
+        decay = chunk_decay(gates, c, gam_r, i, j0, n_rows, cols)
+        gates.bars.release(c)
+        # -A: the inverse's tiles hold the negated blocks (fused_sm90._unit_lower_inverse)
+        inverse.stage(kk * decay * gl.expand_dims(-a_rows, 1), c)
+        fence_async_shared()
+        gl.thread_barrier()
+        t = inverse.invert(c, eye_tile, zero)
+        terms.bars.wait_empty(c)
+        terms.tw.index(slot).store((t * gl.expand_dims(w_cols, 0)).to(dtype))
+        terms.tu.index(slot).store((t * gl.expand_dims(beta_cols, 0)).to(dtype))
+        terms.rk.index(slot).store(rk_r)
+        fence_async_shared()
+        terms.bars.publish(c)
+
+
+@gluon.jit
+def _log_row_norms(tile, flags, layout: gl.constexpr):
+    """ln of the inverse L2 norms of the [BT, K] shared tile's rows with PREPARE_L2NORM (0 without), in
+    `layout`."""
+    BT: gl.constexpr = tile.shape[0]
+    log_r = gl.zeros([BT], gl.float32, layout)
+    if flags & L2NORM:
+        x = tile.load(gl.BlockedLayout([1, 8], [2, 16], [gl.num_warps(), 1], [1, 0]))
+        log_r = gl.convert_layout(gl.log(inverse_row_norms(x)), layout)
+    return log_r
+
+
+@gluon.jit
+def _store_tile(ptr, x, start, n_rows, row_stride):
+    """x [BT, COLS] to rows start .. start + n_rows - 1 of a token-major tensor, from x's own layout."""
+    layout: gl.constexpr = x.type.layout
+    r = gl.expand_dims(gl.arange(0, x.shape[0], gl.SliceLayout(1, layout)), 1)
+    col = gl.expand_dims(gl.arange(0, x.shape[1], gl.SliceLayout(0, layout)), 0)
+    gl.store(ptr + (start + r).to(gl.int64) * row_stride + col, x, mask=r < n_rows)
+
+
+@gluon.jit
+def _writer_partition(items, inputs, terms, w_stage, u_stage, w_desc, u_desc, g, w, u, gam, qg, kg, HV, flags):
+    """gam, qg, kg, w and u of each item (see the module docstring)."""
+    BT: gl.constexpr = inputs.k.shape[1]
+    K: gl.constexpr = inputs.k.shape[2]
+    V: gl.constexpr = inputs.v.shape[2]
+    dtype: gl.constexpr = inputs.k.dtype
+    acc_tk: gl.constexpr = wgmma_layout(BT, K, gl.num_warps())
+    acc_tv: gl.constexpr = wgmma_layout(BT, V, gl.num_warps())
+    rows: gl.constexpr = gl.BlockedLayout([BT // 32], [32], [gl.num_warps()], [0])
+    r = gl.arange(0, BT, rows)
+    for c in range(items.n_items):
+        slot = c % NUM_SLOTS
+        start, n_rows, _, i_hv = items.item(c)
+        live = r < n_rows
+        offs = (start + r).to(gl.int64) * HV + i_hv
+        gam_r = gl.associative_scan(gl.load(g + offs, mask=live, other=0.0), 0, _add)
+        inputs.bars.wait_ready(c)
+        log_rq = _log_row_norms(inputs.q.index(slot), flags, rows)
+        terms.bars.wait_ready(c)
+        w_acc = warpgroup_mma(terms.tw.index(slot), inputs.k.index(slot), gl.zeros([BT, K], gl.float32, acc_tk),
+                              use_acc=False, is_async=True)
+        u_acc = warpgroup_mma(terms.tu.index(slot), inputs.v.index(slot), gl.zeros([BT, V], gl.float32, acc_tv),
+                              use_acc=False, is_async=True)
+        gl.store(gam + offs, gam_r, mask=live)
+        gl.store(qg + offs, gam_r + log_rq, mask=live)
+        gl.store(kg + offs, gam_r - gl.log(terms.rk.index(slot).load(rows)), mask=live)
+        w_acc, u_acc = warpgroup_mma_wait(0, deps=[w_acc, u_acc])
+        terms.bars.release(c)
+        inputs.bars.release(c)
+        if n_rows == BT:
+            # a whole chunk: out by TMA through the staging tiles (the previous ones have left them)
+            tma.store_wait(0)
+            gl.thread_barrier()
+            w_stage.store(w_acc.to(dtype))
+            u_stage.store(u_acc.to(dtype))
+            fence_async_shared()
+            gl.thread_barrier()
+            tma.async_copy_shared_to_global(w_desc, [start, i_hv * K], w_stage)
+            tma.async_copy_shared_to_global(u_desc, [start, i_hv * V], u_stage)
+        else:
+            # a sequence's last, partial chunk: the rows after it are the next sequence's, so masked stores
+            _store_tile(w + i_hv * K, w_acc.to(dtype), start, n_rows, HV * K)
+            _store_tile(u + i_hv * V, u_acc.to(dtype), start, n_rows, HV * V)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def prepare_chunks_warp_specialized(q, k, v, g, beta, cu_seqlens, w, u, gam, qg, kg, T, num_seqs, H, HV, flags,
+                                    K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, IS_VARLEN: gl.constexpr):
+    """The program's chunk slots (called by prepare_sm90.prepare_kernel with 8 warps, the writer partition's)."""
+    gl.static_assert(gl.num_warps() == 8, "the writer partition is two warpgroups")
+    dtype: gl.constexpr = k.dtype.element_ty
+    n_slots = gl.num_programs(0)
+    pairs = n_slots * H
+    p = gl.program_id(1) * n_slots + gl.program_id(0)  # in the order the GPU starts the programs
+    group = HV // H
+    # as many programs as SMs (the first ones the GPU starts), each striding over the pairs; the rest end at once
+    n_programs = gl.minimum(pairs, _sm_count())
+    items = ItemStream(p, n_programs, gl.cdiv(pairs - p, n_programs) * group, n_slots, group, cu_seqlens, T,
+                       num_seqs, BT, IS_VARLEN)
+    if p < n_programs:
+        rows = T
+        if not IS_VARLEN:
+            rows = T * num_seqs
+        q_desc = _batch_desc(q, rows, H, BT, K)
+        k_desc = _batch_desc(k, rows, H, BT, K)
+        v_desc = _batch_desc(v, rows, HV, BT, V)
+        w_desc = _batch_desc(w, rows, HV, BT, K)
+        u_desc = _batch_desc(u, rows, HV, BT, V)
+
+        plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])  # rows of [BT] vectors
+        tile_tt: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], dtype)
+        # the input slots are emptied by the aux and the writer partitions
+        inputs = InputRing(gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, K], q_desc.layout),
+                           gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, K], k_desc.layout),
+                           gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, V], v_desc.layout),
+                           SlotBarriers.make(1, 2))
+        gates = GateRing(gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain),
+                         gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain),
+                         gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain),
+                         gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain), SlotBarriers.make(1, 1))
+        terms = ItemTerms(gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, BT], tile_tt),
+                          gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, BT], tile_tt),
+                          gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain), SlotBarriers.make(1, 1))
+        inverse = InverseScratch.make(BT)
+        w_stage = gl.allocate_shared_memory(dtype, [BT, K], w_desc.layout)
+        u_stage = gl.allocate_shared_memory(dtype, [BT, V], u_desc.layout)
+        gl.warp_specialize([
+            (_writer_partition, (items, inputs, terms, w_stage, u_stage, w_desc, u_desc, g, w, u, gam, qg, kg, HV,
+                                 flags)),
+            (_aux_partition, (items, inputs, gates, terms, inverse, flags)),
+            (_load_partition, (items, inputs, gates, q_desc, k_desc, v_desc, g, beta, HV)),
+        ], [4, LOAD_WARPS], [AUX_REGS, LOAD_REGS])
