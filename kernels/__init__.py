@@ -18,6 +18,8 @@ that code.
 The parameters of each family, and the bits of its `flags`, are the launcher ABI's (loader/abi.py); the flag
 bits are re-exported here for the kernels (common.py, fused_*.py read them as constexprs).
 """
+import dataclasses
+
 from ..loader import abi
 from .registry import KernelDef, Variant
 
@@ -35,32 +37,41 @@ PREPARE_WS_WARPS = 16
 PREPARE_WS_DEFAULT = 8
 
 
-def _warp_specialized_options(v: Variant, default_warps: int) -> dict:
-    """A warp-specialised variant compiles with its default partition's warps and the register budget of all of
-    them; the cubin's metadata then reports all of its warps, which is what the launcher starts."""
-    return {"num_warps": default_warps, "num_stages": v.num_stages, "maxnreg": 65536 // (32 * v.num_warps)}
+@dataclasses.dataclass(frozen=True)
+class WarpSpecialization:
+    """A family's warp-specialised variants: those of `warps` warps compile with their default partition's
+    `default_warps` and the register budget of all `warps` (setmaxnreg moves registers between the partitions);
+    the cubin's metadata then reports all of its warps, which is what the launcher starts."""
+
+    warps: int
+    default_warps: int
+
+    def applies(self, v: Variant) -> bool:
+        return v.num_warps == self.warps
+
+    def compile_warps(self, v: Variant) -> int:
+        """The kernel's num_warps constexpr: the default partition's warps, or all of a plain variant's."""
+        return self.default_warps if self.applies(v) else v.num_warps
+
+    def options(self, v: Variant) -> dict:
+        """KernelDef.options: triton.compile's num_warps, num_stages and, warp-specialised, maxnreg."""
+        if not self.applies(v):
+            return {"num_warps": v.num_warps, "num_stages": v.num_stages}
+        return {"num_warps": self.default_warps, "num_stages": v.num_stages,
+                "maxnreg": 65536 // (32 * v.num_warps)}
 
 
-def _scan_warp_specialized(v: Variant) -> bool:
-    return v.num_warps == SCAN_WS_WARPS
-
-
-def _fused_default_warps(v: Variant) -> int:
-    return FUSED_WS_DEFAULT if v.num_warps == FUSED_WS_WARPS else v.num_warps
-
-
-def _prepare_warp_specialized(v: Variant) -> bool:
-    return v.num_warps == PREPARE_WS_WARPS
+_PREPARE_WS = WarpSpecialization(PREPARE_WS_WARPS, PREPARE_WS_DEFAULT)
+_SCAN_WS = WarpSpecialization(SCAN_WS_WARPS, 4)
+_FUSED_WS = WarpSpecialization(FUSED_WS_WARPS, FUSED_WS_DEFAULT)
 
 
 GDN_PREPARE = KernelDef(
     name="gdn_prepare",
     params=abi.FAMILIES["gdn_prepare"].kernel_params,
     constexprs=lambda v: {"K": v.K, "V": v.V, "BT": v.BT, "IS_VARLEN": v.varlen, "GATING": v.gating,
-                          "WARP_SPECIALIZE": _prepare_warp_specialized(v),
-                          "num_warps": PREPARE_WS_DEFAULT if _prepare_warp_specialized(v) else v.num_warps},
-    options=lambda v: (_warp_specialized_options(v, PREPARE_WS_DEFAULT) if _prepare_warp_specialized(v)
-                       else {"num_warps": v.num_warps, "num_stages": v.num_stages}),
+                          "WARP_SPECIALIZE": _PREPARE_WS.applies(v), "num_warps": _PREPARE_WS.compile_warps(v)},
+    options=_PREPARE_WS.options,
     sources={"sm90": ".prepare_sm90:prepare_kernel", "sm100": ".prepare_sm100:prepare_kernel"},
     grid=abi.FAMILIES["gdn_prepare"].grid_doc,
     uses_axes=frozenset({"dtype", "K", "V", "BT", "varlen", "gating"}),
@@ -75,11 +86,10 @@ GDN_SCAN = KernelDef(
     params=abi.FAMILIES["gdn_scan"].kernel_params,
     constexprs=lambda v: {
         "K": v.K, "V": v.V, "BT": v.BT, "BV": v.BV, "IS_VARLEN": v.varlen, "TRANSPOSE_STATE": v.transpose,
-        "WARP_SPECIALIZE": _scan_warp_specialized(v), "CHECKPOINTS": v.checkpoints,
-        "num_warps": 4 if _scan_warp_specialized(v) else v.num_warps,
+        "WARP_SPECIALIZE": _SCAN_WS.applies(v), "CHECKPOINTS": v.checkpoints,
+        "num_warps": _SCAN_WS.compile_warps(v),
     },
-    options=lambda v: (_warp_specialized_options(v, 4) if _scan_warp_specialized(v)
-                       else {"num_warps": v.num_warps, "num_stages": v.num_stages}),
+    options=_SCAN_WS.options,
     sources={"sm90": ".scan_sm90:scan_kernel", "sm100": ".scan_sm100:scan_kernel"},
     grid=abi.FAMILIES["gdn_scan"].grid_doc,
     uses_axes=frozenset({"dtype", "K", "V", "BT", "BV", "varlen", "transpose", "state_dtype", "checkpoints"}),
@@ -91,9 +101,8 @@ GDN_FUSED = KernelDef(
     name="gdn_fused",
     params=abi.FAMILIES["gdn_fused"].kernel_params,
     constexprs=lambda v: {"K": v.K, "V": v.V, "BT": v.BT, "IS_VARLEN": v.varlen, "TRANSPOSE_STATE": v.transpose,
-                          "GATING": v.gating, "CHECKPOINTS": v.checkpoints, "num_warps": _fused_default_warps(v)},
-    options=lambda v: (_warp_specialized_options(v, FUSED_WS_DEFAULT) if v.num_warps == FUSED_WS_WARPS
-                       else {"num_warps": v.num_warps, "num_stages": v.num_stages}),
+                          "GATING": v.gating, "CHECKPOINTS": v.checkpoints, "num_warps": _FUSED_WS.compile_warps(v)},
+    options=_FUSED_WS.options,
     sources={"sm90": ".fused_sm90:fused_kernel", "sm100": ".fused_sm100:fused_kernel"},
     grid=abi.FAMILIES["gdn_fused"].grid_doc,
     uses_axes=frozenset({"dtype", "K", "V", "BT", "varlen", "transpose", "state_dtype", "gating", "checkpoints"}),
