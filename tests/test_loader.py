@@ -53,7 +53,8 @@ def test_pick(tiny_build):
     s = Artifacts.for_device(0, capability=(9, 0), root=tiny_build.out)
     tiny_build.require("sm_90a", "gdn_scan")
     # two gdn_prepare variants, 4 and 16 (warp-specialised) warps: a plain pick takes the fewest warps
-    prep_key = min(tiny_build.require("sm_90a", "gdn_prepare"), key=lambda key: ".w16s1" in key)
+    preps = tiny_build.require("sm_90a", "gdn_prepare")
+    prep_key = min(preps, key=lambda key: preps[key]["num_warps"])
     default_bv = s.preferences("gdn_scan")["default_BV"]
     k = s.pick("gdn_scan", dtype="bf16", varlen=True, transpose=True)
     assert k.key.startswith("gdn_scan.sm_90a.bf16.") and ".vk." in k.key and k.axes["BV"] == default_bv
