@@ -1,0 +1,167 @@
+"""A/B of one kernel family across artifact sets: the same variants (family, tiling, warps) built from two or more
+checkouts, launched on the same inputs in one process; outputs compared with the first set's, device times taken
+in alternation (timing.timed_alternating, so that clock drift reaches every set alike).
+
+    python3 bench/ab.py ROOT_A ROOT_B [ROOT_C ...] --family gdn_scan --cases 1x8192,4096+4096,1x65536@32
+    python3 bench/ab.py ROOT_A ROOT_B --family gdn_prepare --warps 16 --cases 1x8192,32x8192
+
+A root is what `gdn-aot build SPEC --arch sm_90 --out ROOT` wrote; a spec with only the variants compared builds
+in seconds (for gdn_scan, add a varlen bf16 gdn_prepare: the scan's inputs come from it). Compared are each root's
+varlen bf16 variants of the family with --warps warps (all warps when not given); of gdn_scan those with an fp32
+[K, V] state and no checkpoints, grouped by BV, their inputs (w, u, gam, qg, kg) made by the first root's
+gdn_prepare with the most warps. H = 16, K = V = 128, q and k L2-normed in the kernel; cases as bench.py's
+(NxL, L1+L2+..., optionally @HV). Prints, per case and group: each root's median us and the first root's time
+over it (> 1: faster than the first), and each output's max |diff| / max |first root's|, whether all outputs are
+bitwise equal, and their NaN count. Needs a CUDA GPU; select_variants and compare run anywhere.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench import H, K, V, cu_tensors, make_inputs, parse_cases  # noqa: E402
+from timing import timed_alternating  # noqa: E402
+
+FAMILIES = ("gdn_prepare", "gdn_scan")
+BT = 64
+
+
+def select_variants(variants: dict, family: str, warps: int | None) -> dict:
+    """{group: variant key} of a manifest's variants that the A/B compares: varlen bf16 variants of `family` with
+    `warps` warps (any when None); gdn_scan's with an fp32 [K, V] state and no checkpoints, one per BV (group BV),
+    gdn_prepare's one per warp count (group num_warps). Among variants of one group, the smallest key."""
+    out = {}
+    for key, e in sorted(variants.items()):
+        a = e["axes"]
+        if e["kernel"] != family or not a["varlen"] or a["dtype"] != "bf16" or a.get("gating"):
+            continue
+        if warps is not None and e["num_warps"] != warps:
+            continue
+        if family == "gdn_scan" and (a["transpose"] or a["state_dtype"] != "fp32" or a["checkpoints"]):
+            continue
+        out.setdefault(a["BV"] if family == "gdn_scan" else e["num_warps"], key)
+    return out
+
+
+def compare(outputs: list, first: list) -> tuple[list[float], bool, int]:
+    """(max |diff| / max |first| of each output, whether all are bitwise equal, NaN count of `outputs`)."""
+    rel = [((o.float() - f.float()).abs().max() / f.float().abs().max().clamp_min(1e-30)).item()
+           for o, f in zip(outputs, first)]
+    same = all(torch.equal(o, f) for o, f in zip(outputs, first))
+    return rel, same, sum(int(o.isnan().sum()) for o in outputs)
+
+
+class Inputs:
+    """One case's packed batch, and the gdn_prepare outputs the scan reads."""
+
+    def __init__(self, lens, HV, seed=0):
+        self.lens, self.HV, self.T, self.N = lens, HV, sum(lens), len(lens)
+        self.cu = cu_tensors(lens)["int32"]
+        x = make_inputs(lens, HV, seed, None)
+        self.q, self.k, self.v, self.g, self.beta = (x[n] for n in ("q", "k", "v", "g", "beta"))
+        self.h0 = x["h0"] * 0.1
+
+    def prepare_outputs(self):
+        T, HV, dev = self.T, self.HV, self.q.device
+        return [torch.full((T, HV, K), float("nan"), device=dev, dtype=torch.bfloat16),
+                torch.full((T, HV, V), float("nan"), device=dev, dtype=torch.bfloat16),
+                *(torch.full((T, HV), float("nan"), device=dev) for _ in range(3))]
+
+    def prepare_call(self, kernel, outs, stream):
+        """A no-argument launch of gdn_prepare `kernel` writing w, u, gam, qg, kg into `outs`."""
+        from gdn_aot.kernels import PREPARE_L2NORM
+
+        grid = (self.T // BT + self.N, H, 1)
+        scratch = torch.empty(max(kernel.scratch_bytes(grid), 1), device=self.q.device, dtype=torch.uint8)
+        ptrs = [t.data_ptr() for t in outs]
+
+        def call():
+            kernel.launch(grid, stream, self.q.data_ptr(), self.k.data_ptr(), self.v.data_ptr(), self.g.data_ptr(),
+                          self.beta.data_ptr(), 0, 0, self.cu.data_ptr(), *ptrs, self.T, self.N, H, self.HV,
+                          PREPARE_L2NORM, scratch_ptr=scratch.data_ptr())
+        return call
+
+    def scan_call(self, kernel, BV, prepared, outs, stream):
+        """A no-argument launch of gdn_scan `kernel` from `prepared` (w, u, gam, qg, kg) into outs (o, ht)."""
+        from gdn_aot.kernels import SCAN_HAS_H0, SCAN_STORE_HT
+
+        grid = (self.N, self.HV, V // BV)
+        scratch = torch.empty(max(kernel.scratch_bytes(grid), 1), device=self.q.device, dtype=torch.uint8)
+        w, u, gam, qg, kg = (t.data_ptr() for t in prepared)
+        o, ht = outs
+
+        def call():
+            kernel.launch(grid, stream, self.q.data_ptr(), self.k.data_ptr(), w, u, gam, qg, kg, self.cu.data_ptr(),
+                          self.h0.data_ptr(), ht.data_ptr(), 0, o.data_ptr(), K ** -0.5, self.T, H, self.HV,
+                          SCAN_HAS_H0 | SCAN_STORE_HT, 0, 0, 0, 0, scratch_ptr=scratch.data_ptr())
+        return call
+
+
+def _line(label, names, ms, checks):
+    times = "  ".join(f"{n}: {m * 1e3:9.1f} us" for n, m in zip(names, ms))
+    ratios = " ".join(f"{ms[0] / m:.3f}" for m in ms[1:])
+    diffs = "; ".join(f"{n}: {' '.join(f'{r:.1e}' for r in rel)} bitwise {same} nan {nan}"
+                      for n, (rel, same, nan) in zip(names[1:], checks))
+    return f"{label:<24} {times}  first/other {ratios} | {diffs}"
+
+
+def run(roots, family, warps, cases, reps):
+    from gdn_aot.loader.runtime import Artifacts
+
+    dev = torch.device("cuda")
+    stream = torch.cuda.current_stream().cuda_stream
+    sets = [Artifacts.for_device(dev, root=r) for r in roots]
+    names = [os.path.basename(os.path.normpath(r)) for r in roots]
+    chosen = [select_variants(s.manifest.variants, family, warps) for s in sets]
+    groups = sorted(set(chosen[0]).intersection(*chosen[1:]))
+    if not groups:
+        raise SystemExit(f"no {family} variant to compare: {[sorted(c) for c in chosen]} (groups per root)")
+    prep = select_variants(sets[0].manifest.variants, "gdn_prepare", None)
+    for case in cases:
+        x = Inputs(case.lens, case.HV)
+        n_reps = max(5, reps // 3) if x.T * x.HV > 2 ** 21 else reps
+        prepared = x.prepare_outputs()
+        if family == "gdn_scan":
+            if not prep:
+                raise SystemExit(f"{roots[0]} has no varlen bf16 gdn_prepare to make the scan's inputs")
+            x.prepare_call(sets[0].kernel(prep[max(prep)]), prepared, stream)()
+        for group in groups:
+            calls, outs = [], []
+            for s, c in zip(sets, chosen):
+                kernel = s.kernel(c[group])
+                if family == "gdn_scan":
+                    out = [torch.full_like(x.v, float("nan")), torch.full_like(x.h0, float("nan"))]
+                    calls.append(x.scan_call(kernel, group, prepared, out, stream))
+                else:
+                    out = x.prepare_outputs()
+                    calls.append(x.prepare_call(kernel, out, stream))
+                calls[-1]()
+                outs.append(out)
+            torch.cuda.synchronize()
+            checks = [compare(o, outs[0]) for o in outs[1:]]
+            ms = timed_alternating(calls, n_reps)
+            label = f"{case.id} {'BV' if family == 'gdn_scan' else 'w'}{group}"
+            print(_line(label, names, ms, checks), flush=True)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("roots", nargs="+", help="artifact roots (gdn-aot build --out); the first is the reference")
+    p.add_argument("--family", choices=FAMILIES, default="gdn_scan")
+    p.add_argument("--warps", type=int, default=None, help="only variants with this num_warps")
+    p.add_argument("--cases", default="1x8192,4096+4096,1x8192@64,1x65536")
+    p.add_argument("--reps", type=int, default=30, help="alternating rounds (a third for the largest cases)")
+    args = p.parse_args(argv)
+    if len(args.roots) < 2:
+        p.error("give at least two artifact roots")
+    if not torch.cuda.is_available():
+        p.error("needs a CUDA GPU")
+    run(args.roots, args.family, args.warps, parse_cases(args.cases), args.reps)
+
+
+if __name__ == "__main__":
+    main()

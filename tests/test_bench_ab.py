@@ -1,0 +1,66 @@
+"""bench/ab.py's CPU half: which variants of a manifest it compares, and how it compares outputs (the launches and
+the timing need a GPU)."""
+import importlib.util
+import sys
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+_spec = importlib.util.spec_from_file_location("bench_ab", REPO / "bench" / "ab.py")
+ab = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(ab)
+
+
+def _variant(kernel, warps, **axes):
+    base = {"varlen": True, "dtype": "bf16", "gating": False, "transpose": False, "state_dtype": "fp32",
+            "checkpoints": False, "BV": 128}
+    return {"kernel": kernel, "num_warps": warps, "axes": {**base, **axes}}
+
+
+VARIANTS = {
+    "scan.bv32.w4": _variant("gdn_scan", 4, BV=32),
+    "scan.bv32.w16": _variant("gdn_scan", 16, BV=32),
+    "scan.bv64.w16": _variant("gdn_scan", 16, BV=64),
+    "scan.bv64.w16.vk": _variant("gdn_scan", 16, BV=64, transpose=True),
+    "scan.bv64.w16.ckpt": _variant("gdn_scan", 16, BV=64, checkpoints=True),
+    "scan.bv64.w16.bf16state": _variant("gdn_scan", 16, BV=64, state_dtype="bf16"),
+    "scan.bv64.w16.fixed": _variant("gdn_scan", 16, BV=64, varlen=False),
+    "scan.bv64.w16.fp16": _variant("gdn_scan", 16, BV=64, dtype="fp16"),
+    "prepare.w4": _variant("gdn_prepare", 4),
+    "prepare.w4.gating": _variant("gdn_prepare", 4, gating=True),
+    "prepare.w16": _variant("gdn_prepare", 16),
+}
+
+
+def test_select_scan_variants_by_bv():
+    assert ab.select_variants(VARIANTS, "gdn_scan", 16) == {32: "scan.bv32.w16", 64: "scan.bv64.w16"}
+    # any warps: the smallest key of each BV
+    assert ab.select_variants(VARIANTS, "gdn_scan", None) == {32: "scan.bv32.w16", 64: "scan.bv64.w16"}
+    assert ab.select_variants(VARIANTS, "gdn_scan", 4) == {32: "scan.bv32.w4"}
+    assert ab.select_variants(VARIANTS, "gdn_scan", 8) == {}
+
+
+def test_select_prepare_variants_by_warps():
+    assert ab.select_variants(VARIANTS, "gdn_prepare", None) == {4: "prepare.w4", 16: "prepare.w16"}
+    assert ab.select_variants(VARIANTS, "gdn_prepare", 16) == {16: "prepare.w16"}
+
+
+def test_select_from_a_real_manifest(tiny_build):
+    """tiny.yaml's sm_90a scans: the [K, V] fp32 variants without checkpoints, BV 64, 4 and 16 warps."""
+    variants = tiny_build.manifest("sm_90a")["variants"]
+    chosen = ab.select_variants(variants, "gdn_scan", 16)
+    assert list(chosen) == [64]
+    e = variants[chosen[64]]
+    assert (e["num_warps"], e["axes"]["transpose"], e["axes"]["checkpoints"]) == (16, False, False)
+    assert set(ab.select_variants(variants, "gdn_prepare", None)) == {4, 16}
+
+
+def test_compare():
+    a = [torch.tensor([1.0, -2.0, 4.0]), torch.tensor([[0.5, 0.25]], dtype=torch.bfloat16)]
+    same = [t.clone() for t in a]
+    assert ab.compare(same, a) == ([0.0, 0.0], True, 0)
+    off = [torch.tensor([1.0, -2.0, 4.5]), torch.tensor([[float("nan"), 0.25]], dtype=torch.bfloat16)]
+    rel, bitwise, nans = ab.compare(off, a)
+    assert abs(rel[0] - 0.125) < 1e-7 and not bitwise and nans == 1
