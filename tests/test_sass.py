@@ -87,8 +87,8 @@ def test_spill_free(tiny_build, arch, kernel):
     (gdn_scan) or value head (gdn_prepare); outside loops at most 32 bytes a thread: the sm_90a scan holds the
     state, two async MMA accumulators and the next chunk's row data at the 255-register ceiling, and parks a few
     values that only the final-state store after the chunk loop needs. (Not every specs/qwen35.yaml variant
-    meets this: its sm_90a BV = 128 scans and two fp16 BV = 64 ones reload one spilled value a chunk; `gdn-aot
-    inspect` shows LDL_in_loop per variant.)"""
+    meets this: its sm_90a BV = 128 scans reload one spilled value a chunk; `gdn-aot inspect` shows LDL_in_loop
+    per variant.)"""
     for key, e in tiny_build.require(arch, kernel).items():
         assert e["sass"]["STL_in_loop"] == e["sass"]["LDL_in_loop"] == 0, key
         assert e["resources"]["stack"] <= 32, (key, e["resources"])
