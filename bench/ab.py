@@ -12,7 +12,9 @@ varlen bf16 variants of the family with --warps warps (all warps when not given)
 gdn_prepare with the most warps. H = 16, K = V = 128, q and k L2-normed in the kernel; cases as bench.py's
 (NxL, L1+L2+..., optionally @HV). Prints, per case and group: each root's median us and the first root's time
 over it (> 1: faster than the first), and each output's max |diff| / max |first root's|, whether all outputs are
-bitwise equal, and their NaN count. Needs a CUDA GPU; select_variants and compare run anywhere.
+bitwise equal, and their NaN count; with --reference (gdn_scan), also each root's o and final state against the
+reference forward (tests/reference.py: fp64 recurrence for small cases, fp32 chunked on the GPU for large ones), as
+max |diff| / max |reference|. Needs a CUDA GPU; select_variants and compare run anywhere.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from timing import timed_alternating  # noqa: E402
 
 FAMILIES = ("gdn_prepare", "gdn_scan")
 BT = 64
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def select_variants(variants: dict, family: str, warps: int | None) -> dict:
@@ -53,6 +56,21 @@ def compare(outputs: list, first: list) -> tuple[list[float], bool, int]:
            for o, f in zip(outputs, first)]
     same = all(torch.equal(o, f) for o, f in zip(outputs, first))
     return rel, same, sum(int(o.isnan().sum()) for o in outputs)
+
+
+def reference_forward(x):
+    """(o, final state) of the reference forward (tests/reference.py) for the inputs x, on the CPU, fp32."""
+    sys.path.insert(0, os.path.join(REPO, "tests"))
+    from reference import reference_outputs
+
+    o_ref, ht_ref = reference_outputs(x.q, x.k, x.v, x.g, x.beta, [int(c) for c in x.cu], x.h0, l2norm=True)
+    return o_ref.reshape(x.v.shape).float(), ht_ref.float()
+
+
+def reference_errors(ref, outputs: list) -> list[tuple[float, float]]:
+    """(o, final state) max |diff| / max |reference| of each root's scan outputs [o, ht], ref = (o, ht)."""
+    return [tuple(((a.float().cpu() - r).abs().max() / r.abs().max()).item() for a, r in zip((o, ht), ref))
+            for o, ht in outputs]
 
 
 class Inputs:
@@ -109,7 +127,7 @@ def _line(label, names, ms, checks):
     return f"{label:<24} {times}  first/other {ratios} | {diffs}"
 
 
-def run(roots, family, warps, cases, reps):
+def run(roots, family, warps, cases, reps, reference=False):
     from gdn_aot.loader.runtime import Artifacts
 
     dev = torch.device("cuda")
@@ -125,6 +143,7 @@ def run(roots, family, warps, cases, reps):
         x = Inputs(case.lens, case.HV)
         n_reps = max(5, reps // 3) if x.T * x.HV > 2 ** 21 else reps
         prepared = x.prepare_outputs()
+        ref = reference_forward(x) if reference and family == "gdn_scan" else None
         if family == "gdn_scan":
             if not prep:
                 raise SystemExit(f"{roots[0]} has no varlen bf16 gdn_prepare to make the scan's inputs")
@@ -146,6 +165,10 @@ def run(roots, family, warps, cases, reps):
             ms = timed_alternating(calls, n_reps)
             label = f"{case.id} {'BV' if family == 'gdn_scan' else 'w'}{group}"
             print(_line(label, names, ms, checks), flush=True)
+            if ref is not None:
+                errs = reference_errors(ref, outs)
+                print(f"{'':<24} against the reference: " + "; ".join(
+                    f"{n}: o {eo:.2e} ht {eh:.2e}" for n, (eo, eh) in zip(names, errs)), flush=True)
 
 
 def main(argv=None):
@@ -155,12 +178,14 @@ def main(argv=None):
     p.add_argument("--warps", type=int, default=None, help="only variants with this num_warps")
     p.add_argument("--cases", default="1x8192,4096+4096,1x8192@64,1x65536")
     p.add_argument("--reps", type=int, default=30, help="alternating rounds (a third for the largest cases)")
+    p.add_argument("--reference", action="store_true", help="gdn_scan: also each root's errors against the "
+                   "reference forward")
     args = p.parse_args(argv)
     if len(args.roots) < 2:
         p.error("give at least two artifact roots")
     if not torch.cuda.is_available():
         p.error("needs a CUDA GPU")
-    run(args.roots, args.family, args.warps, parse_cases(args.cases), args.reps)
+    run(args.roots, args.family, args.warps, parse_cases(args.cases), args.reps, args.reference)
 
 
 if __name__ == "__main__":

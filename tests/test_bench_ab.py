@@ -64,3 +64,22 @@ def test_compare():
     off = [torch.tensor([1.0, -2.0, 4.5]), torch.tensor([[float("nan"), 0.25]], dtype=torch.bfloat16)]
     rel, bitwise, nans = ab.compare(off, a)
     assert abs(rel[0] - 0.125) < 1e-7 and not bitwise and nans == 1
+
+
+def test_reference_errors():
+    """Each root's (o, final state) error against the reference forward: 0 for the reference itself."""
+    from types import SimpleNamespace
+
+    gen = torch.Generator().manual_seed(0)
+    T, H, HV, K, V = 70, 2, 4, 16, 8
+    x = SimpleNamespace(q=torch.randn(1, T, H, K, generator=gen), k=torch.randn(1, T, H, K, generator=gen),
+                        v=torch.randn(1, T, HV, V, generator=gen),
+                        g=-torch.nn.functional.softplus(torch.randn(1, T, HV, generator=gen)),
+                        beta=torch.rand(1, T, HV, generator=gen), cu=torch.tensor([0, 5, 5, T]),
+                        h0=torch.randn(3, HV, K, V, generator=gen))
+    o, ht = ab.reference_forward(x)
+    assert o.shape == x.v.shape and ht.shape == x.h0.shape
+    off = o.clone()
+    off[0, 3, 1, 2] += 0.5 * o.abs().max()
+    (eo, eh), (eo2, eh2) = ab.reference_errors((o, ht), [(o, ht), (off.bfloat16(), ht)])
+    assert eo == eh == eh2 == 0.0 and 0.49 < eo2 < 0.51
