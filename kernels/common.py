@@ -413,6 +413,15 @@ def load_rows(ptr, row0, n_rows, row_stride, BT: gl.constexpr, COLS: gl.constexp
 
 
 @gluon.jit
+def store_rows(ptr, x, row0, n_rows, row_stride):
+    """Masked store of the [BT, COLS] register tile x, from its own layout, to rows row0 .. row0 + n_rows - 1 of a
+    token-major tensor (the rows after them are another sequence's)."""
+    layout: gl.constexpr = x.type.layout
+    gl.store(chunk_tile_ptrs(ptr, row0, row_stride, x.shape[0], x.shape[1], layout), x,
+             mask=row_mask(n_rows, x.shape[0], layout))
+
+
+@gluon.jit
 def inverse_row_norms(x):
     """1 / sqrt(sum(x^2) + 1e-6) per row, in fp32 (fla's l2norm)."""
     xf = x.to(gl.float32)

@@ -25,7 +25,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from .common import (PREPARE_GATE_IN_KERNEL, PREPARE_L2NORM, GateSource,
                      causal_decay, chunk_gates, chunk_tile_ptrs, diagonal_block_inverses,
                      inverse_row_norms, load_rows, loop_variant, row_load_layout, row_mask, sequence_of_chunk_slot,
-                     wgmma_layout)
+                     store_rows, wgmma_layout)
 from .prepare_sm90_ws import prepare_chunks_warp_specialized
 
 
@@ -79,8 +79,7 @@ def _unit_lower_inverse(A, bt_smem, d_inv_t_smem):
 
 @gluon.jit
 def _store_rows(ptr, x, row0, n_rows, row_stride, layout: gl.constexpr):
-    gl.store(chunk_tile_ptrs(ptr, row0, row_stride, x.shape[0], x.shape[1], layout), gl.convert_layout(x, layout),
-             mask=row_mask(n_rows, x.shape[0], layout))
+    store_rows(ptr, gl.convert_layout(x, layout), row0, n_rows, row_stride)
 
 
 @gluon.jit

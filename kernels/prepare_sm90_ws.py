@@ -29,7 +29,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.language.core import _aggregate as aggregate
 
 from . import PREPARE_L2NORM as _L2NORM
-from .common import inverse_row_norms, loop_variant, sequence_of_chunk_slot, wgmma_layout
+from .common import inverse_row_norms, loop_variant, sequence_of_chunk_slot, store_rows, wgmma_layout
 from .fused_sm90 import (LOG2E, NUM_SLOTS, GateRing, InputRing, InverseScratch, SlotBarriers, _add, _publish_gates,
                          chunk_decay, publish_key_norms)
 
@@ -191,15 +191,6 @@ def _log_row_norms(tile, flags, layout: gl.constexpr):
 
 
 @gluon.jit
-def _store_tile(ptr, x, start, n_rows, row_stride):
-    """x [BT, COLS] to rows start .. start + n_rows - 1 of a token-major tensor, from x's own layout."""
-    layout: gl.constexpr = x.type.layout
-    r = gl.expand_dims(gl.arange(0, x.shape[0], gl.SliceLayout(1, layout)), 1)
-    col = gl.expand_dims(gl.arange(0, x.shape[1], gl.SliceLayout(0, layout)), 0)
-    gl.store(ptr + (start + r).to(gl.int64) * row_stride + col, x, mask=r < n_rows)
-
-
-@gluon.jit
 def _writer_partition(items, inputs, terms, w_stage, u_stage, w_desc, u_desc, g, w, u, gam, qg, kg, HV, flags):
     """gam, qg, kg, w and u of each item (see the module docstring)."""
     BT: gl.constexpr = inputs.k.shape[1]
@@ -241,8 +232,8 @@ def _writer_partition(items, inputs, terms, w_stage, u_stage, w_desc, u_desc, g,
             tma.async_copy_shared_to_global(u_desc, [start, i_hv * V], u_stage)
         else:
             # a sequence's last, partial chunk: the rows after it are the next sequence's, so masked stores
-            _store_tile(w + i_hv * K, w_acc.to(dtype), start, n_rows, HV * K)
-            _store_tile(u + i_hv * V, u_acc.to(dtype), start, n_rows, HV * V)
+            store_rows(w + i_hv * K, w_acc.to(dtype), start, n_rows, HV * K)
+            store_rows(u + i_hv * V, u_acc.to(dtype), start, n_rows, HV * V)
     tma.store_wait(0)
 
 
