@@ -25,7 +25,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench import H, K, V, cu_tensors, make_inputs, parse_cases  # noqa: E402
+from bench import H, K, V, cu_tensors, make_inputs, parse_cases, rel_err  # noqa: E402
 from timing import timed_alternating  # noqa: E402
 
 FAMILIES = ("gdn_prepare", "gdn_scan")
@@ -52,8 +52,7 @@ def select_variants(variants: dict, family: str, warps: int | None) -> dict:
 
 def compare(outputs: list, first: list) -> tuple[list[float], bool, int]:
     """(max |diff| / max |first| of each output, whether all are bitwise equal, NaN count of `outputs`)."""
-    rel = [((o.float() - f.float()).abs().max() / f.float().abs().max().clamp_min(1e-30)).item()
-           for o, f in zip(outputs, first)]
+    rel = [rel_err(o, f) for o, f in zip(outputs, first)]
     same = all(torch.equal(o, f) for o, f in zip(outputs, first))
     return rel, same, sum(int(o.isnan().sum()) for o in outputs)
 
@@ -69,8 +68,7 @@ def reference_forward(x):
 
 def reference_errors(ref, outputs: list) -> list[tuple[float, float]]:
     """(o, final state) max |diff| / max |reference| of each root's scan outputs [o, ht], ref = (o, ht)."""
-    return [tuple(((a.float().cpu() - r).abs().max() / r.abs().max()).item() for a, r in zip((o, ht), ref))
-            for o, ht in outputs]
+    return [tuple(rel_err(a.cpu(), r) for a, r in zip((o, ht), ref)) for o, ht in outputs]
 
 
 class Inputs:
