@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from gdn_aot.build import sass
+from gdn_aot.kernels import PREPARE_WS_WARPS
 
 from conftest import ARCHES
 
@@ -11,7 +12,7 @@ from conftest import ARCHES
 # Blackwell (sm_100a, and sm_103a compiled from the same sources): tcgen05 MMA (UTCHMMA) into tensor memory (read
 # back with LDTM), fed by TMA.
 BLACKWELL = ("sm_100a", "sm_103a")
-WARP_SPECIALIZED_PREPARE = ("sm_90a", "gdn_prepare", 16)  # prepare_sm90_ws.py: another path than the 4-warp one
+WARP_SPECIALIZED_PREPARE = ("sm_90a", "gdn_prepare", PREPARE_WS_WARPS)  # prepare_sm90_ws.py: not the 4-warp path
 REQUIRED = [
     ("sm_90a", "gdn_prepare", 4, ("HGMMA", "UTMALDG", "LDGSTS")),
     (*WARP_SPECIALIZED_PREPARE, ("HGMMA", "UTMALDG", "SYNCS", "WARPGROUP")),
