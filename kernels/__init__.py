@@ -9,7 +9,7 @@ A forward is one of two routes (docs/algorithm.md has the math, docs/design.md t
                PREPARE_WS_WARPS warps)
   gdn_scan     one program per (sequence, value head, V tile): walks the chunks with the state on chip and
                writes the output of every chunk as it goes, so no per-chunk state or v_new reaches HBM
-               (sm_90a also has a warp-specialised variant, SCAN_WS_WARPS warps, for batches of one wave)
+               (both arches also have a warp-specialised variant, SCAN_WS_WARPS warps, for batches of one wave)
 or
   gdn_fused    one program per (sequence, value head): the whole forward in one warp-specialised kernel
 gdn_scan and gdn_fused also write the prefix-cache state checkpoints (the state after every N tokens of each
@@ -23,8 +23,8 @@ import dataclasses
 from ..loader import abi
 from .registry import KernelDef, Variant
 
-# A gdn_scan variant with this many warps is the warp-specialised sm_90a scan (scan_sm90_ws.py): a 4-warp state
-# partition (the kernel's num_warps), two 4-warp output partitions and a load warp, which takes a warpgroup's
+# A gdn_scan variant with this many warps is the warp-specialised scan (scan_sm90_ws.py, scan_sm100_ws.py): a 4-warp
+# state partition (the kernel's num_warps), two 4-warp output partitions and a load warp, which takes a warpgroup's
 # registers, at 128 registers a thread on average (setmaxnreg moves them between the partitions).
 SCAN_WS_WARPS = 16
 # A gdn_fused variant with this many warps is compiled with the warps of its default partition, FUSED_WS_DEFAULT

@@ -36,25 +36,21 @@ itself is then a single accumulating MMA, and the final state is read back in tw
 The ordering this needs (tcgen05.st before the MMA that accumulates into it) is given by tcgen05.wait::st
 (emitted with the store) + fence + CTA barrier before the single-thread issue.
 TMEM columns: h BV + inter BV + acc_a BV + scores BT (M = 64 accumulators may share columns, see tmem_size).
+With WARP_SPECIALIZE (16 warps, BV 64) the chunk loop is scan_sm100_ws.py's instead: the same state in TMEM, the
+same loads of the initial state and stores of the final one here, the recurrence and the outputs on separate
+partitions.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.blackwell import (TensorMemoryLayout, allocate_tensor_memory,
-                                                                  fence_async_shared, get_tmem_reg_layout,
-                                                                  mbarrier, tcgen05_commit, tcgen05_mma, tma)
+                                                                  get_tmem_reg_layout, mbarrier, tcgen05_commit,
+                                                                  tcgen05_mma, tma)
 
 from .common import (SCAN_HAS_H0, SCAN_STORE_HT, SCAN_USE_INDICES, Checkpoints, causal_decay_bitmask,
-                     chunk_row_scalings, chunk_rows, issue_chunk_loads, load_state_tile, row_tile_desc,
-                     sequence_bounds, store_tmem_state)
+                     chunk_row_scalings, issue_chunk_loads, load_state_tile, row_tile_desc, sequence_bounds,
+                     store_tmem_state)
+from .scan_sm100_ws import RowData, operands_ready, scan_chunks_warp_specialized, store_chunk_output
 
-ROW_SKIP = gl.constexpr(0x7FFFFFFF)  # async_scatter row offset that the TMA unit skips (out of range)
-
-
-@gluon.jit
-def _operands_ready():
-    """Every warp's shared-memory (and TMEM) stores are visible to the async proxy before one thread issues."""
-    fence_async_shared()
-    gl.thread_barrier()
 
 
 @gluon.jit
@@ -86,7 +82,7 @@ def _store_state(ht, h_tmem, stage, slot, i_hv, i_v, HV, K: gl.constexpr, V: gl.
             st_smem.permute((1, 0)).store(h_half)
         else:
             st_smem.store(h_half)
-        _operands_ready()
+        operands_ready()
         if TRANSPOSE_STATE:
             tma.async_copy_shared_to_global(desc, [i_v * BV + half * HB, 0], st_smem)
         else:
@@ -108,71 +104,32 @@ def _store_checkpoint(checkpoints, h_tmem, c, seq_len, i_v, HS: gl.constexpr, re
 
 
 @gluon.jit
-def scan_kernel(q, k, w, u, gam, qg, kg, cu_seqlens, h0, ht, state_indices, o, scale, T, H, HV, flags,
-                state_checkpoints, checkpoint_rows, checkpoint_cu_starts, checkpoint_every_n_tokens, K: gl.constexpr,
-                V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, IS_VARLEN: gl.constexpr,
-                TRANSPOSE_STATE: gl.constexpr, WARP_SPECIALIZE: gl.constexpr, CHECKPOINTS: gl.constexpr,
-                num_warps: gl.constexpr):
-    gl.static_assert(not WARP_SPECIALIZE, "the warp-specialised scan is sm_90a's (scan_sm90_ws.py)")
-    gl.static_assert(BT == 64, "tcgen05 M = 64 for the chunk-row products")
-    gl.static_assert(K == 128, "the state update k^T v_dec is one M = 128 tcgen05 MMA")
-    dtype: gl.constexpr = q.dtype.element_ty
-    i_n = gl.program_id(0)
-    i_hv = gl.program_id(1)
-    i_v = gl.program_id(2)
-    i_h = i_hv // (HV // H)
-    bos, seq_len = sequence_bounds(i_n, cu_seqlens, T, IS_VARLEN)
-    n_chunks = gl.cdiv(seq_len, BT)
-
-    # --- tensor memory: accumulators and the register layouts of their tcgen05.ld / tcgen05.st.
+def _scan_chunks(h_tmem, h_smem, n_chunks, q_desc, k_desc, w_desc, u_desc, o_desc, o_all_desc, bos, o_col, row_data,
+                 scale, checkpoints, i_v):
+    """The chunk loop on the state in h_tmem, in one partition (h_smem: h's 16-bit copy, the B operand of w h and
+    q h)."""
+    dtype: gl.constexpr = q_desc.block_type.element_ty
+    BT: gl.constexpr = q_desc.block_type.shape[0]
+    K: gl.constexpr = q_desc.block_type.shape[1]
+    BV: gl.constexpr = o_desc.block_type.shape[1]
+    seq_len = row_data.seq_len
+    num_warps: gl.constexpr = gl.num_warps()
     tm_tv: gl.constexpr = TensorMemoryLayout(block=(BT, BV), col_stride=1)
     tm_tt: gl.constexpr = TensorMemoryLayout(block=(BT, BT), col_stride=1)
-    tm_kv: gl.constexpr = TensorMemoryLayout(block=(K, BV), col_stride=1)
     reg_tv: gl.constexpr = get_tmem_reg_layout(gl.float32, [BT, BV], tm_tv, num_warps)
     reg_tt: gl.constexpr = get_tmem_reg_layout(gl.float32, [BT, BT], tm_tt, num_warps)
     HS: gl.constexpr = 64 if BV > 64 else BV  # width of the state column slices that pass through registers
     tm_hs: gl.constexpr = TensorMemoryLayout(block=(K, HS), col_stride=1)
     reg_hs: gl.constexpr = get_tmem_reg_layout(gl.float32, [K, HS], tm_hs, num_warps)
-    h_tmem = allocate_tensor_memory(gl.float32, [K, BV], tm_kv)
     inter_tmem = allocate_tensor_memory(gl.float32, [BT, BV], tm_tv)  # q h
     acc_a = allocate_tensor_memory(gl.float32, [BT, BV], tm_tv)  # w h, then (q k^T . M) v_new
     s_tmem = allocate_tensor_memory(gl.float32, [BT, BT], tm_tt)  # q k^T
-
-    # --- the state: slot i_n, or the caller's pool slot; a negative slot starts from zero and is not written.
-    slot = i_n
-    if flags & SCAN_USE_INDICES:
-        slot = gl.load(state_indices + i_n)
-    # loaded in [K, HS] column slices into TMEM (a whole [K, 128] tile of int64 offsets would not fit in
-    # registers): slice j of V tile i_v is V tile i_v * (BV // HS) + j of width HS. common.load_state_tile reads
-    # each slice coalesced (16-byte vectors, a warp along the HBM-contiguous dimension) and convert_layouts it to
-    # the tcgen05.st layout: reading straight in reg_hs (one K row a thread) put a warp's 32 lanes on 32 rows
-    # 4*V bytes apart in the [K, V] layout (only the transposed [V, K] layout was coalesced that way).
-    # An fp32 final state needs no such helper: it leaves by TMA (_store_state).
-    for j in gl.static_range(BV // HS):
-        h_tmem.slice(j * HS, HS).store(load_state_tile(h0, slot, i_hv, i_v * (BV // HS) + j, HV,
-                                                       ((flags & SCAN_HAS_H0) != 0) & (slot >= 0), K, V, HS,
-                                                       TRANSPOSE_STATE, reg_hs))
-
-    # --- per-sequence TMA descriptors (row bound = seq_len), and one over the whole packed o for the scatter.
-    row0 = bos.to(gl.int64)
-    q_desc = row_tile_desc(q + row0 * H * K + i_h * K, H * K, seq_len, BT, K)
-    k_desc = row_tile_desc(k + row0 * H * K + i_h * K, H * K, seq_len, BT, K)
-    w_desc = row_tile_desc(w + row0 * HV * K + i_hv * K, HV * K, seq_len, BT, K)
-    u_desc = row_tile_desc(u + row0 * HV * V + i_hv * V + i_v * BV, HV * V, seq_len, BT, BV)
-    o_desc = row_tile_desc(o + row0 * HV * V + i_hv * V + i_v * BV, HV * V, seq_len, BT, BV)
-    if IS_VARLEN:
-        total_rows = gl.load(cu_seqlens + gl.num_programs(0))
-    else:
-        total_rows = gl.num_programs(0) * T
-    o_all_desc = tma.make_tensor_descriptor(o, [gl.maximum(total_rows, 1), HV * V], [HV * V, 1], [1, BV],
-                                            o_desc.layout)
 
     # --- shared memory: a two-stage ring for the chunk inputs, single buffers for what the MMAs exchange.
     q_ring = gl.allocate_shared_memory(dtype, [2, BT, K], q_desc.layout)
     k_ring = gl.allocate_shared_memory(dtype, [2, BT, K], k_desc.layout)
     w_ring = gl.allocate_shared_memory(dtype, [2, BT, K], w_desc.layout)
     u_ring = gl.allocate_shared_memory(dtype, [2, BT, BV], u_desc.layout)
-    h_smem = gl.allocate_shared_memory(dtype, [K, BV], gl.NVMMASharedLayout.get_default_for([K, BV], dtype))
     v_new_smem = gl.allocate_shared_memory(dtype, [BT, BV], u_desc.layout)
     v_dec_smem = gl.allocate_shared_memory(dtype, [BT, BV], u_desc.layout)
     p_smem = gl.allocate_shared_memory(dtype, [BT, BT], gl.NVMMASharedLayout.get_default_for([BT, BT], dtype))
@@ -190,14 +147,7 @@ def scan_kernel(q, k, w, u, gam, qg, kg, cu_seqlens, h0, ht, state_indices, o, s
     # chunk ahead (common.chunk_rows, as on sm_90a) straight in the slice layouts of the TMEM register tiles
     rows_tv: gl.constexpr = gl.SliceLayout(1, reg_tv)
     cols_tt: gl.constexpr = gl.SliceLayout(0, reg_tt)
-    offs_layout: gl.constexpr = gl.SliceLayout(0, gl.BlockedLayout([1, 4], [32, 1], [1, num_warps], [1, 0]))
-    rows_sc = gl.arange(0, BT, offs_layout)
-    gam_head = gam + row0 * HV + i_hv
-    qg_head = qg + row0 * HV + i_hv
-    kg_head = kg + row0 * HV + i_hv
-    qg_r, kg_r, kg_c, gam_last = chunk_rows(gam_head, qg_head, kg_head, 0, seq_len, HV, BT, rows_tv, cols_tt)
-    checkpoints = Checkpoints(state_checkpoints, checkpoint_rows, checkpoint_cu_starts, checkpoint_every_n_tokens, HV,
-                              BT, V, TRANSPOSE_STATE, CHECKPOINTS, HEAD_MAJOR=False)
+    qg_r, kg_r, kg_c, gam_last = row_data.chunk(0, BT, rows_tv, cols_tt)
 
     if n_chunks > 0:
         issue_chunk_loads(q_desc, k_desc, w_desc, u_desc, 0, bars.index(0),
@@ -230,7 +180,7 @@ def scan_kernel(q, k, w, u, gam, qg, kg, cu_seqlens, h0, ht, state_indices, o, s
         mbarrier.wait(bars.index(s), (c // 2) & 1)
         q_s = q_ring.index(s)
         k_s = k_ring.index(s)
-        _operands_ready()
+        operands_ready()
         tcgen05_mma(w_ring.index(s), h_smem, acc_a, use_acc=False)
         tcgen05_commit(bar_wh)
         tcgen05_mma(q_s, k_s.permute((1, 0)), s_tmem, use_acc=False)
@@ -247,38 +197,96 @@ def scan_kernel(q, k, w, u, gam, qg, kg, cu_seqlens, h0, ht, state_indices, o, s
         mbarrier.wait(bar_sq, phase)
         scores = s_tmem.load(reg_tt) * causal_decay_bitmask(decay_rows, kg_c, n_rows, STRICT=False)
         p_smem.store(scores.to(dtype))
-        _operands_ready()
+        operands_ready()
         tcgen05_mma(p_smem, v_new_smem, acc_a, use_acc=False)
         tcgen05_commit(bar_o)
         # h = e^gam_last h + k^T v_dec, accumulated in TMEM; overlaps the output epilogue below
         tcgen05_mma(k_s.permute((1, 0)), v_dec_smem, h_tmem, use_acc=True)
         tcgen05_commit(bar_h)
         # the next chunk's row data: the scores' registers are free, and the loads complete during the epilogue
-        qg_r, kg_r, kg_c, gam_last = chunk_rows(gam_head, qg_head, kg_head, c + 1, seq_len, HV, BT, rows_tv,
-                                                cols_tt)
+        qg_r, kg_r, kg_c, gam_last = row_data.chunk(c + 1, BT, rows_tv, cols_tt)
 
         # o = scale e^gam (q h) + P v_new, from the two accumulators
         mbarrier.wait(bar_o, phase)
         o_acc = inter_tmem.load(reg_tv) * gl.expand_dims(o_scale, 1) + acc_a.load(reg_tv)
-        tma.store_wait(0)  # the previous chunk's output has left o_smem
-        gl.thread_barrier()
-        o_smem.store(o_acc.to(dtype))
-        _operands_ready()
-        if n_rows >= BT:
-            tma.async_copy_shared_to_global(o_desc, [c * BT, 0], o_smem)
-        else:
-            # the sequence's partial last chunk: row offsets into the packed o, rows past the end skipped
-            x_offsets = gl.where(rows_sc < n_rows, bos + c * BT + rows_sc, ROW_SKIP)
-            tma.async_scatter(o_all_desc, x_offsets, i_hv * V + i_v * BV, o_smem)
+        store_chunk_output(o_acc, o_smem, o_desc, o_all_desc, c, n_rows, bos, o_col)
         mbarrier.wait(bar_h, phase)
-    _store_checkpoint(checkpoints, h_tmem, n_chunks - 1, seq_len, i_v, HS, reg_hs)  # the last chunk's
     tma.store_wait(0)
     gl.thread_barrier()
     for b in gl.static_range(6):
         mbarrier.invalidate(bars.index(b))
 
+
+@gluon.jit
+def scan_kernel(q, k, w, u, gam, qg, kg, cu_seqlens, h0, ht, state_indices, o, scale, T, H, HV, flags,
+                state_checkpoints, checkpoint_rows, checkpoint_cu_starts, checkpoint_every_n_tokens, K: gl.constexpr,
+                V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, IS_VARLEN: gl.constexpr,
+                TRANSPOSE_STATE: gl.constexpr, WARP_SPECIALIZE: gl.constexpr, CHECKPOINTS: gl.constexpr,
+                num_warps: gl.constexpr):
+    gl.static_assert(BT == 64, "tcgen05 M = 64 for the chunk-row products")
+    gl.static_assert(K == 128, "the state update k^T v_dec is one M = 128 tcgen05 MMA")
+    dtype: gl.constexpr = q.dtype.element_ty
+    i_n = gl.program_id(0)
+    i_hv = gl.program_id(1)
+    i_v = gl.program_id(2)
+    i_h = i_hv // (HV // H)
+    bos, seq_len = sequence_bounds(i_n, cu_seqlens, T, IS_VARLEN)
+    n_chunks = gl.cdiv(seq_len, BT)
+
+    # --- the state h [K, BV] fp32 in tensor memory (the chunk loops' accumulators are their own)
+    tm_kv: gl.constexpr = TensorMemoryLayout(block=(K, BV), col_stride=1)
+    HS: gl.constexpr = 64 if BV > 64 else BV  # width of the state column slices that pass through registers
+    tm_hs: gl.constexpr = TensorMemoryLayout(block=(K, HS), col_stride=1)
+    reg_hs: gl.constexpr = get_tmem_reg_layout(gl.float32, [K, HS], tm_hs, num_warps)
+    h_tmem = allocate_tensor_memory(gl.float32, [K, BV], tm_kv)
+
+    # --- the state: slot i_n, or the caller's pool slot; a negative slot starts from zero and is not written.
+    slot = i_n
+    if flags & SCAN_USE_INDICES:
+        slot = gl.load(state_indices + i_n)
+    # loaded in [K, HS] column slices into TMEM (a whole [K, 128] tile of int64 offsets would not fit in
+    # registers): slice j of V tile i_v is V tile i_v * (BV // HS) + j of width HS. common.load_state_tile reads
+    # each slice coalesced (16-byte vectors, a warp along the HBM-contiguous dimension) and convert_layouts it to
+    # the tcgen05.st layout: reading straight in reg_hs (one K row a thread) put a warp's 32 lanes on 32 rows
+    # 4*V bytes apart in the [K, V] layout (only the transposed [V, K] layout was coalesced that way).
+    # An fp32 final state needs no such helper: it leaves by TMA (_store_state).
+    for j in gl.static_range(BV // HS):
+        h_tmem.slice(j * HS, HS).store(load_state_tile(h0, slot, i_hv, i_v * (BV // HS) + j, HV,
+                                                       ((flags & SCAN_HAS_H0) != 0) & (slot >= 0), K, V, HS,
+                                                       TRANSPOSE_STATE, reg_hs))
+
+    # --- per-sequence TMA descriptors (row bound = seq_len), and one over the whole packed o for the scatter.
+    row0 = bos.to(gl.int64)
+    q_desc = row_tile_desc(q + row0 * H * K + i_h * K, H * K, seq_len, BT, K)
+    k_desc = row_tile_desc(k + row0 * H * K + i_h * K, H * K, seq_len, BT, K)
+    w_desc = row_tile_desc(w + row0 * HV * K + i_hv * K, HV * K, seq_len, BT, K)
+    u_desc = row_tile_desc(u + row0 * HV * V + i_hv * V + i_v * BV, HV * V, seq_len, BT, BV)
+    o_desc = row_tile_desc(o + row0 * HV * V + i_hv * V + i_v * BV, HV * V, seq_len, BT, BV)
+    if IS_VARLEN:
+        total_rows = gl.load(cu_seqlens + gl.num_programs(0))
+    else:
+        total_rows = gl.num_programs(0) * T
+    o_all_desc = tma.make_tensor_descriptor(o, [gl.maximum(total_rows, 1), HV * V], [HV * V, 1], [1, BV],
+                                            o_desc.layout)
+
+    row_data = RowData(gam + row0 * HV + i_hv, qg + row0 * HV + i_hv, kg + row0 * HV + i_hv, seq_len, HV)
+    checkpoints = Checkpoints(state_checkpoints, checkpoint_rows, checkpoint_cu_starts, checkpoint_every_n_tokens, HV,
+                              BT, V, TRANSPOSE_STATE, CHECKPOINTS, HEAD_MAJOR=False)
+    # h's 16-bit copy, the B operand of w h and q h: a ring of two in the warp-specialised loop; after the loop,
+    # the staging tile of an fp32 final state
+    h_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([K, BV], dtype)
+    h_smem = gl.allocate_shared_memory(dtype, [2 if WARP_SPECIALIZE else 1, K, BV], h_layout)
+    o_col = i_hv * V + i_v * BV
+    if WARP_SPECIALIZE:
+        scan_chunks_warp_specialized(h_tmem, h_smem, n_chunks, q_desc, k_desc, w_desc, u_desc, o_desc, o_all_desc,
+                                     bos, o_col, row_data, scale, checkpoints, i_v)
+    else:
+        _scan_chunks(h_tmem, h_smem.index(0), n_chunks, q_desc, k_desc, w_desc, u_desc, o_desc, o_all_desc, bos,
+                     o_col, row_data, scale, checkpoints, i_v)
+    _store_checkpoint(checkpoints, h_tmem, n_chunks - 1, seq_len, i_v, HS, reg_hs)  # the last chunk's
+
     if ((flags & SCAN_STORE_HT) != 0) & (slot >= 0):
         if ht.dtype.element_ty == gl.float32:
-            _store_state(ht, h_tmem, h_smem, slot, i_hv, i_v, HV, K, V, BV, TRANSPOSE_STATE, num_warps)
+            _store_state(ht, h_tmem, h_smem.index(0), slot, i_hv, i_v, HV, K, V, BV, TRANSPOSE_STATE, num_warps)
         else:  # stored narrower: from registers, converted by common.store_state_tile as in every other kernel
             store_tmem_state(ht, h_tmem, slot, i_hv, i_v, HV, K, V, BV, HS, TRANSPOSE_STATE, reg_hs)

@@ -36,12 +36,13 @@ def test_no_unexpected_failures(tiny_build):
 @pytest.mark.parametrize("kernel, arch", KERNEL_ARCH)
 def test_every_written_kernel_built(tiny_build, kernel, arch):
     entries = tiny_build.require(arch, kernel)
-    # tiny.yaml: both state layouts of gdn_scan, on sm_90a each also warp-specialised, one bf16-state scan, and
-    # with checkpoints (on sm_90a the warp-specialised ones and one 4-warp scan); gdn_fused in both layouts and
-    # with checkpoints in one; on sm_90a gdn_prepare also warp-specialised; sm_103a one variant per kernel
+    # tiny.yaml: both state layouts of gdn_scan, each also warp-specialised, one bf16-state scan, and with
+    # checkpoints (the warp-specialised ones and, on sm_90a, one 4-warp scan, on sm_100a both 4-warp ones); gdn_fused
+    # in both layouts and with checkpoints in one; on sm_90a gdn_prepare also warp-specialised; sm_103a one variant
+    # per kernel, and the warp-specialised scan
     expected = {"sm_90a": {"gdn_prepare": 2, "gdn_scan": 4 + 1 + 3, "gdn_fused": 3},
-                "sm_100a": {"gdn_scan": 2 + 1 + 2, "gdn_fused": 3},
-                "sm_103a": {}}[arch].get(kernel, 1)
+                "sm_100a": {"gdn_scan": 4 + 1 + 4, "gdn_fused": 3},
+                "sm_103a": {"gdn_scan": 2}}[arch].get(kernel, 1)
     assert len(entries) == expected
 
 
@@ -57,10 +58,10 @@ def test_manifest_contents(tiny_build, arch):
     assert len(m["spec"]["sha256"]) == 64 and m["spec"]["path"].endswith("tiny.yaml")
     spec = load_spec(REPO / "specs" / "tiny.yaml")
     assert m["dispatch"]["spec"] == spec.dispatch.get(arch, {})
-    # the table: per state layout, without and with checkpoints, the warp-specialised scan for single-wave batches
-    # on sm_90a, then the default (classes the spec gives gdn_fused, once it is built, route there); the bf16
-    # state, built for [V, K] without checkpoints or a warp-specialised scan, gets the default class only
-    classes = ["single_wave", "default"] if arch == "sm_90a" else ["default"]
+    # the table: per state layout, without and with checkpoints, the warp-specialised scan for single-wave batches,
+    # then the default (classes the spec gives gdn_fused, once it is built, route there); the bf16 state, built for
+    # [V, K] without checkpoints or a warp-specialised scan, gets the default class only
+    classes = ["single_wave", "default"]
     fused = {c for c in spec.dispatch.get(arch, {}).get("gdn_fused", {}).get("classes", [])
              if any(e["kernel"] == "gdn_fused" for e in m["variants"].values())}
     configs = [(False, "fp32", False, classes), (False, "fp32", True, classes), (True, "bf16", False, ["default"]),

@@ -105,7 +105,7 @@ def _dry_run(exe, arch_dir, *args) -> dict:
     return dict(line.split(": ", 1) for line in r.stdout.splitlines() if ": " in line)
 
 
-# (sequence lengths, H, HV, SMs): the tiny build's sm_90a table puts N * HV <= SMs / 2 in the single-wave class
+# (sequence lengths, H, HV, SMs): the tiny build's tables put N * HV <= SMs / 2 in the single-wave class
 CPP_SHAPES = [([100, 1, 0, 300], 2, 4, 132), ([64] * 18, 2, 4, 132), ([5] * 33, 1, 2, 132), ([5] * 33, 1, 2, 100),
               ([7000], 16, 32, 132), ([1] * 40, 16, 32, 132), ([3], 1, 1, 1)]
 
@@ -143,7 +143,7 @@ def test_cpp_example_picks_what_the_python_api_picks(tiny_build, tmp_path, arch,
                 + a(max(prep.scratch_bytes(pgrid), scan.scratch_bytes(sgrid))))
         assert int(got["workspace_bytes"]) == want
         assert want <= route.workspace_bytes(1, rows, n, H, HV) <= want + 6 * 255  # the Python API's allocation
-    assert classes == ({"single_wave", "default"} if arch == "sm_90a" else {"default"})
+    assert classes == {"single_wave", "default"}
 
 
 def test_cpp_example_errors_are_clear(tiny_build, tmp_path):

@@ -76,9 +76,9 @@ def test_pick(tiny_build):
 
 
 def test_single_wave_tier(tiny_build):
-    """specs/tiny.yaml's sm_90a rule (single_wave_warps: 16, BV 64 built): the warp-specialised variant takes the
-    batches whose num_seqs * HV * V / BV programs fit one an SM, the default variant the rest; sm_100a has no
-    such rule."""
+    """specs/tiny.yaml's rule (single_wave_warps: 16, BV 64 built): the warp-specialised variant takes the
+    batches whose num_seqs * HV * V / BV programs fit one an SM, the default variant the rest; on sm_100a too, with
+    the device's SM count."""
     s = Artifacts.for_device(0, capability=(9, 0), root=tiny_build.out)
     routes = s.routes("bf16", 128, 128, True, False, sm_count=132)
     ws = routes.select(1)
@@ -95,8 +95,11 @@ def test_single_wave_tier(tiny_build):
     config = ("bf16", 128, 128, True, False, "fp32", False, False)
     assert dispatch.select(s.table, config, 9, 16)["class"] == "default"  # 9 * 2 > 16
     assert s.pick("gdn_scan", dtype="bf16", varlen=True).entry["num_warps"] == 4  # plain picks: fewest warps
-    b = Artifacts.for_device(0, capability=(10, 0), root=tiny_build.out)
-    assert [r.row["class"] for r in b.routes("bf16", 128, 128, True, False, sm_count=148).routes] == ["default"]
+    b = Artifacts.for_device(0, capability=(10, 0), root=tiny_build.out).routes("bf16", 128, 128, True, False,
+                                                                             sm_count=148)
+    assert [most for most, _ in b.tiers] == [74, float("inf")]
+    assert b.select(74).kernels["gdn_scan"].entry["num_warps"] == 16 and b.select(74).row["class"] == "single_wave"
+    assert b.select(75).kernels["gdn_scan"].entry["num_warps"] == 4
     assert routes.batch_invariant  # one route (gdn_prepare + gdn_scan) for every shape class
 
 

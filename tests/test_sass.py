@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from gdn_aot.build import sass
-from gdn_aot.kernels import PREPARE_WS_WARPS
+from gdn_aot.kernels import PREPARE_WS_WARPS, SCAN_WS_WARPS
 
 from conftest import ARCHES
 
@@ -22,6 +22,9 @@ REQUIRED = [
         ("gdn_prepare", ("UTCHMMA", "LDTM", "UTMALDG")),
         ("gdn_scan", ("UTCHMMA", "LDTM", "UTMALDG")),
         ("gdn_fused", ("UTCHMMA", "LDTM", "STTM", "UTMALDG", "UTMASTG", "SYNCS")))),
+    # scan_sm100_ws.py: the partitions meet at mbarriers (SYNCS), o leaves by TMA store
+    *((arch, "gdn_scan", SCAN_WS_WARPS, ("UTCHMMA", "LDTM", "STTM", "UTMALDG", "UTMASTG", "SYNCS"))
+      for arch in BLACKWELL),
 ]
 # mma.sync (HMMA, the pre-Hopper path) only where it is meant: gdn_prepare (every arch, but for the sm_90a
 # warp-specialised one) and the Blackwell gdn_fused's aux partition invert the chunk's four 16 x 16 diagonal blocks
@@ -66,6 +69,18 @@ def test_hardware_path(tiny_build, arch, kernel, warps, family):
 def test_blackwell_kernels_use_tensor_memory(tiny_build, arch, kernel):
     for key, e in tiny_build.require(arch, kernel).items():
         assert e["tmem_size"] > 0, f"{key}: metadata reports no TMEM columns"
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_warp_specialized_scans_move_registers(tiny_build, arch):
+    """The warp-specialised scans are partitions of their own warps: setmaxnreg (USETMAXREG) gives the state
+    partition more registers than the 128 a thread they are compiled at, and the load warp fewer."""
+    scans = {k: e for k, e in tiny_build.require(arch, "gdn_scan").items() if e["num_warps"] == SCAN_WS_WARPS}
+    assert scans, f"the tiny build has no warp-specialised gdn_scan on {arch}"
+    for key, e in scans.items():
+        text = sass.disassemble(tiny_build.out / arch / e["cubin"]["path"], arch)
+        assert sum(op == "USETMAXREG" for _, op in sass.instructions(text)) >= 4, key
+        assert e["resources"]["registers"] == 65536 // (32 * SCAN_WS_WARPS), key
 
 
 SPILL_GAPS = {

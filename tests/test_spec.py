@@ -141,9 +141,9 @@ def test_shipped_specs_enumerate():
     q = load_spec(REPO / "specs" / "qwen35.yaml")
     # prepare: dtype x varlen x gating; scan: (dtype, state dtype) x varlen x transpose x (BV, warps), the (dtype,
     # state dtype) pairs (bf16, fp32), (fp16, fp32), (bf16, bf16), the (BV, warps) sm_90a BV 32/w4, 128/w8,
-    # 32/w16, 64/w16 (warp-specialised, varlen only) and sm_100a BV 64/w4, 128/w4; and with checkpoints, varlen
-    # only, the same (BV, warps): the ones the dispatch table takes
-    sm100 = {"gdn_prepare": 8, "gdn_scan": 24 + 12}
+    # 32/w16, 64/w16 (warp-specialised, varlen only) and sm_100a BV 64/w4, 128/w4, 64/w16 (warp-specialised); and
+    # with checkpoints, varlen only, the same (BV, warps): the ones the dispatch table takes
+    sm100 = {"gdn_prepare": 8, "gdn_scan": 36 + 18}
     per_arch = {"sm_90a": {"gdn_prepare": 8, "gdn_scan": 36 + 24}, "sm_100a": sm100, "sm_103a": sm100}
     for arch, counts in per_arch.items():
         vs = q.for_arch(arch)
@@ -152,8 +152,9 @@ def test_shipped_specs_enumerate():
         assert all(v.K == 128 and v.V == 128 and v.num_warps in (4, 8, 16) for v in vs)
     assert {(v.BV, v.num_warps) for v in q.for_arch("sm_90a") if v.kernel == "gdn_scan"} == {
         (32, 4), (128, 8), (32, 16), (64, 16)}
-    assert {v.BV for v in q.for_arch("sm_100a") if v.kernel == "gdn_scan"} == {64, 128}
-    assert len(q.variants) == 156 and len({v.key for v in q.variants}) == 156
+    assert {(v.BV, v.num_warps) for v in q.for_arch("sm_100a") if v.kernel == "gdn_scan"} == {
+        (64, 4), (128, 4), (64, 16)}
+    assert len(q.variants) == 192 and len({v.key for v in q.variants}) == 192
     assert _as_sm100(q.for_arch("sm_103a")) == q.for_arch("sm_100a")  # sm_103a takes sm_100a's sections
     assert q.dispatch["sm_103a"] == q.dispatch["sm_100a"]
     ws = [v for v in q.for_arch("sm_90a")
@@ -161,14 +162,14 @@ def test_shipped_specs_enumerate():
     assert {(v.kernel, v.BV, v.varlen) for v in ws} == {("gdn_scan", 32, True), ("gdn_scan", 64, True)}
     assert len(ws) == 24  # (bf16, fp32), (fp16, fp32), (bf16, bf16) x BV 32, 64 x both layouts, and with checkpoints
     ckpt = [v for v in q.variants if v.checkpoints]
-    assert {v.kernel for v in ckpt} == {"gdn_scan"} and all(v.varlen for v in ckpt) and len(ckpt) == 48
+    assert {v.kernel for v in ckpt} == {"gdn_scan"} and all(v.varlen for v in ckpt) and len(ckpt) == 60
     assert {(v.BV, v.num_warps) for v in ckpt if v.arch == "sm_90a"} == {(32, 4), (128, 8), (32, 16), (64, 16)}
     t = load_spec("tiny")  # a shipped spec by name
-    assert len(t.variants) == 25
+    assert len(t.variants) == 30
     assert sorted(v.num_warps for v in t.for_arch("sm_90a") if v.kernel == "gdn_prepare") == [4, 16]
     assert {(v.kernel, v.BV, v.num_warps, v.transpose, v.state_dtype, v.checkpoints) for v in t.for_arch("sm_103a")} \
         == {("gdn_prepare", 128, 4, False, "fp32", False), ("gdn_scan", 64, 4, False, "fp32", False),
-            ("gdn_fused", 128, 16, False, "fp32", False)}
+            ("gdn_scan", 64, 16, False, "fp32", False), ("gdn_fused", 128, 16, False, "fp32", False)}
     assert {v.kernel for v in t.variants} == {"gdn_prepare", "gdn_scan", "gdn_fused"}
     plain_scans = [v for v in t.for_arch("sm_90a") if v.kernel == "gdn_scan" and not v.checkpoints]
     assert sorted(v.transpose for v in plain_scans) == [False, False, True, True, True]  # one of them bf16-state
@@ -178,6 +179,7 @@ def test_shipped_specs_enumerate():
         ("sm_90a", "gdn_scan", 64, 16, False), ("sm_90a", "gdn_scan", 64, 16, True),
         ("sm_90a", "gdn_scan", 32, 4, False),
         ("sm_100a", "gdn_scan", 64, 4, False), ("sm_100a", "gdn_scan", 64, 4, True),
+        ("sm_100a", "gdn_scan", 64, 16, False), ("sm_100a", "gdn_scan", 64, 16, True),
         ("sm_90a", "gdn_fused", 128, 16, False), ("sm_100a", "gdn_fused", 128, 16, False)}
     f = load_spec(REPO / "specs" / "fused-preview.yaml")  # every configuration, the one-kernel route only
     # with and without gating; with checkpoints for varlen batches
@@ -309,7 +311,7 @@ def test_state_dtype_specs_enumerate():
     assert len(f.variants) == 108
     s = load_spec(REPO / "specs" / "state-dtypes.yaml")
     assert s.dispatch == q.dispatch
-    per_arch = {"sm_90a": 4, "sm_100a": 2, "sm_103a": 2}  # (BV, warps) tiers, as in qwen35.yaml
+    per_arch = {"sm_90a": 4, "sm_100a": 3, "sm_103a": 3}  # (BV, warps) tiers, as in qwen35.yaml
     for arch, tiers in per_arch.items():
         vs = s.for_arch(arch)
         assert sum(v.kernel == "gdn_prepare" for v in vs) == 1
