@@ -35,6 +35,8 @@ key head, the value head's column scalings).
 TMEM: one [BT, K] fp32 accumulator for w and one [BT, V] for u; kkt and every tf32 product of the inverse run
 in the first BT columns of the u accumulator (they are finished before u is computed). Two M = 64 [BT, 128]
 accumulators: Triton packs them into 128 TMEM columns (tmem_size 128).
+A variant with WARP_SPECIALIZE (PREPARE_WS_WARPS warps, no gating) runs prepare_sm100_ws.py instead: warp-specialised
+and persistent, as on sm_90a.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -46,6 +48,7 @@ from .common import (PREPARE_GATE_IN_KERNEL, PREPARE_L2NORM, GateSource,
                      causal_decay_bitmask, chunk_gates, inverse_row_norms,
                      load_rows, loop_variant, row_load_layout, sequence_of_chunk_slot)
 from .inverse_sm100 import unit_lower_inverse
+from .prepare_sm100_ws import prepare_chunks_warp_specialized
 
 
 @gluon.jit
@@ -134,8 +137,22 @@ def prepare_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, w, u, gam, qg, 
                    K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, IS_VARLEN: gl.constexpr,
                    GATING: gl.constexpr, WARP_SPECIALIZE: gl.constexpr, num_warps: gl.constexpr):
     gl.static_assert(BT == 64, "one CTA owns the 64 rows of a chunk (tcgen05 M = 64)")
-    gl.static_assert(not WARP_SPECIALIZE, "sm_100a's gdn_prepare is one CTA of num_warps warps")
+    gl.static_assert(not (GATING and WARP_SPECIALIZE), "the warp-specialised gdn_prepare has no gating variant")
+    if WARP_SPECIALIZE:
+        prepare_chunks_warp_specialized(q, k, v, g, beta, cu_seqlens, w, u, gam, qg, kg, T, num_seqs, H, HV, flags,
+                                        K, V, BT, IS_VARLEN)
+    else:
+        _prepare_chunk(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, w, u, gam, qg, kg, T, num_seqs, H, HV, flags,
+                       K, V, BT, IS_VARLEN, GATING)
+
+
+@gluon.jit
+def _prepare_chunk(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, w, u, gam, qg, kg, T, num_seqs, H, HV, flags,
+                   K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, IS_VARLEN: gl.constexpr,
+                   GATING: gl.constexpr):
+    """The program's chunk slot and key head in one CTA."""
     gl.static_assert((K <= 2 * BT) & (V <= 2 * BT), "w and u are staged in the fp32 [BT, BT] operand tiles")
+    num_warps: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = k.dtype.element_ty
     start, n_rows = sequence_of_chunk_slot(gl.program_id(0), cu_seqlens, T, num_seqs, BT, IS_VARLEN)
     i_h = gl.program_id(1)

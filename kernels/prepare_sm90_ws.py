@@ -21,6 +21,9 @@ One program an SM (216 KB of shared memory): the single-warpgroup kernel runs tw
 chunk's load latency and setup; here one chunk's inverse hides the next one's loads (docs/performance.md).
 Gating variants (fla's use_gate_in_kernel, ...) are not built this way: their beta may reach 2, where the fp16
 inverse overflows (the single-warpgroup kernel's inverse is tf32).
+The item stream, the rings, the load partition and the writer's row terms and stores (ItemStream, item_rings,
+ItemRows, ItemOutputs, _load_partition) are also sm_100a's (prepare_sm100_ws.py), which runs the same design on
+Blackwell's tensor cores.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
