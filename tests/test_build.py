@@ -38,9 +38,9 @@ def test_every_written_kernel_built(tiny_build, kernel, arch):
     entries = tiny_build.require(arch, kernel)
     # tiny.yaml: both state layouts of gdn_scan, on sm_90a each also warp-specialised, one bf16-state scan, and
     # with checkpoints (on sm_90a the warp-specialised ones and one 4-warp scan); gdn_fused in both layouts and
-    # with checkpoints in one; on sm_90a gdn_prepare also warp-specialised; sm_103a one variant per kernel
+    # with checkpoints in one; on sm_90a and sm_100a gdn_prepare also warp-specialised; sm_103a one variant per kernel
     expected = {"sm_90a": {"gdn_prepare": 2, "gdn_scan": 4 + 1 + 3, "gdn_fused": 3},
-                "sm_100a": {"gdn_scan": 2 + 1 + 2, "gdn_fused": 3},
+                "sm_100a": {"gdn_prepare": 2, "gdn_scan": 2 + 1 + 2, "gdn_fused": 3},
                 "sm_103a": {}}[arch].get(kernel, 1)
     assert len(entries) == expected
 
