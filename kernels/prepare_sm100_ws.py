@@ -130,7 +130,8 @@ def _writer_partition(items, inputs, terms, w_tmem, u_tmem, bar, out, g, flags):
         tcgen05_commit(bar)
         tcgen05_commit(inputs.bars.empty.index(slot))
         tcgen05_commit(terms.bars.empty.index(slot))
-        out.store_row_terms(rows, rk)
+        out.store_gam_qg(rows)
+        out.store_kg(rows, rk)
         mbarrier.wait(bar, c & 1)  # bar completes once an item
         out.store_tiles(w_tmem.load(reg_tk).to(dtype), u_tmem.load(reg_tv).to(dtype), start, n_rows, i_hv)
     tma.store_wait(0)

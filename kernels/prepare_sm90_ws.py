@@ -153,10 +153,14 @@ class ItemOutputs:
         self.HV = HV
 
     @gluon.jit
-    def store_row_terms(self, rows, rk):
-        """gam, qg = gam + ln rq and kg = gam - ln rk of an item's rows (ItemRows; rk in their layout)."""
+    def store_gam_qg(self, rows):
+        """gam and qg = gam + ln rq of an item's rows (ItemRows)."""
         gl.store(self.gam + rows.offs, rows.gam, mask=rows.live)
         gl.store(self.qg + rows.offs, rows.gam + rows.log_rq, mask=rows.live)
+
+    @gluon.jit
+    def store_kg(self, rows, rk):
+        """kg = gam - ln rk of an item's rows (rk in their layout)."""
         gl.store(self.kg + rows.offs, rows.gam - gl.log(rk), mask=rows.live)
 
     @gluon.jit
@@ -305,7 +309,8 @@ def _writer_partition(items, inputs, terms, out, g, flags):
                               use_acc=False, is_async=True)
         u_acc = warpgroup_mma(terms.tu.index(slot), inputs.v.index(slot), gl.zeros([BT, V], gl.float32, acc_tv),
                               use_acc=False, is_async=True)
-        out.store_row_terms(rows, terms.rk.index(slot).load(rows_l))
+        out.store_gam_qg(rows)
+        out.store_kg(rows, terms.rk.index(slot).load(rows_l))
         w_acc, u_acc = warpgroup_mma_wait(0, deps=[w_acc, u_acc])
         terms.bars.release(c)
         inputs.bars.release(c)
