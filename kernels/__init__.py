@@ -5,8 +5,9 @@ A forward is one of two routes (docs/algorithm.md has the math, docs/design.md t
                its k (and q): cumsum of g, A = beta k k^T with decay, (I + A)^-1, w and u, and the log row
                scalings of q and k for gdn_scan (gam plus the log inverse L2 norms with
                use_qk_l2norm_in_kernel: k is normalised here, q and k in gdn_scan through these scalings, so no
-               normalised copy reaches HBM; sm_90a also has a warp-specialised, persistent variant,
-               PREPARE_WS_WARPS warps)
+               normalised copy reaches HBM; sm_90a and sm_100a also have a warp-specialised, persistent
+               variant, PREPARE_WS_WARPS warps; sm_100a's, like every sm_100a kernel, is compiled and checked
+               in SASS, never run)
   gdn_scan     one program per (sequence, value head, V tile): walks the chunks with the state on chip and
                writes the output of every chunk as it goes, so no per-chunk state or v_new reaches HBM
                (both arches also have a warp-specialised variant, SCAN_WS_WARPS warps, for batches of one wave)
@@ -31,8 +32,8 @@ SCAN_WS_WARPS = 16
 # (the two state warpgroups), at 65536 / (32 * 16) = 128 registers a thread (setmaxnreg moves them).
 FUSED_WS_WARPS = 16
 FUSED_WS_DEFAULT = 8
-# A gdn_prepare variant with this many warps is the warp-specialised sm_90a prepare (prepare_sm90_ws.py): an 8-warp
-# writer partition (the kernel's num_warps, PREPARE_WS_DEFAULT), a 4-warp aux partition and a 4-warp load partition.
+# A gdn_prepare variant with this many warps is the warp-specialised prepare (prepare_sm90_ws.py, prepare_sm100_ws.py):
+# an 8-warp writer partition (the kernel's num_warps, PREPARE_WS_DEFAULT), a 4-warp aux and a 4-warp load partition.
 PREPARE_WS_WARPS = 16
 PREPARE_WS_DEFAULT = 8
 

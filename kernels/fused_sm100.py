@@ -24,7 +24,7 @@ default warps at 128 registers a thread, a full register file, and setmaxnreg mo
     MMAs of the serial chain S -> kh -> v_new -> S is what the recurrence waits on;
   * aux, 4 warps, AUX_REGS = 192 (at 184 it reloads two spilled values every chunk, at 176 six): all that
     does not depend on the state (k k^T and q k^T, the decay, the row scalings, P, gdn_prepare's blocked tf32
-    inverse, imported from prepare_sm100.py, one diagonal block a warp, hence 4 warps, and Tv), up to
+    inverse (inverse_sm100.py), one diagonal block a warp, hence 4 warps, and Tv), up to
     NUM_SLOTS chunks ahead of the state;
   * load and norms, 2 + 2 warps, 24 registers: fused_sm90.py's partitions as they are: TMA of the q, k, v tiles
     through per-sequence descriptors whose row bound is the sequence's length (a chunk's tail is zero-filled,
@@ -60,7 +60,7 @@ from .common import (Checkpoints, GateSource, load_state_tile, loop_variant, seq
 from .fused_sm90 import (GATE_IN_KERNEL, HEAD_MAJOR, K_SCALE, LOAD_REGS, LOAD_WARPS, NORMS_WARPS, NUM_SLOTS, O_SCALE,
                          STATE_SCALE, V_SCALE, _load_partition, _norms_partition, chunk_decay, chunk_rings,
                          head_tiles, publish_inverse, publish_key_norms, publish_row_scalings, state_slot)
-from .prepare_sm100 import _unit_lower_inverse
+from .inverse_sm100 import unit_lower_inverse
 
 HAS_H0 = gl.constexpr(_HAS_H0)
 STORE_HT = gl.constexpr(_STORE_HT)
@@ -169,7 +169,7 @@ def _aux_partition(inputs, gates, terms, scratch, q_desc, seq_len, flags):
         a = gl.where(i > j, kk * decay * gl.expand_dims(a_rows, 1), 0.0)
         gates.bars.release(c)
         # kk's TMEM is the products' accumulator: every warp has read k k^T (the inverse starts with a barrier)
-        tc, _ = _unit_lower_inverse(a, scratch.a_smem, scratch.bt_smem, scratch.kk, reg_tt, scratch.bar, phase ^ 1)
+        tc, _ = unit_lower_inverse(a, scratch.a_smem, scratch.bt_smem, scratch.kk, reg_tt, scratch.bar, phase ^ 1)
         publish_inverse(terms, c, tc, dtype)
         fence_async_shared()
         terms.bars.publish(c)

@@ -674,22 +674,34 @@ def head_tiles(q, k, v, o, gate_source, bos, seq_len, i_h, i_hv, H, HV, K: gl.co
 
 
 @gluon.jit
+def input_and_gate_rings(q_desc, k_desc, v_desc, consumers: gl.constexpr):
+    """The inputs ring (its slots emptied by `consumers` partitions) and the gate ring (gdn_fused's, and the
+    warp-specialised gdn_prepare's)."""
+    dtype: gl.constexpr = q_desc.block_type.element_ty
+    BT: gl.constexpr = q_desc.block_type.shape[0]
+    K: gl.constexpr = q_desc.block_type.shape[1]
+    V: gl.constexpr = v_desc.block_type.shape[1]
+    plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])  # rows of [BT] vectors
+    inputs = InputRing(gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, K], q_desc.layout),
+                       gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, K], k_desc.layout),
+                       gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, V], v_desc.layout),
+                       SlotBarriers.make(1, consumers))
+    gates = GateRing(gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain),
+                     gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain),
+                     gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain),
+                     gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain), SlotBarriers.make(1, 1))
+    return inputs, gates
+
+
+@gluon.jit
 def chunk_rings(q_desc, k_desc, v_desc):
     """The inputs ring (emptied by the aux, the state and the norms partition), the gate ring and the terms
     ring."""
     dtype: gl.constexpr = q_desc.block_type.element_ty
     BT: gl.constexpr = q_desc.block_type.shape[0]
-    K: gl.constexpr = q_desc.block_type.shape[1]
-    V: gl.constexpr = v_desc.block_type.shape[1]
     tile_tt: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], dtype)
     plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])  # rows of [BT] vectors
-    inputs = InputRing(gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, K], q_desc.layout),
-                       gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, K], k_desc.layout),
-                       gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, V], v_desc.layout), SlotBarriers.make(1, 3))
-    gates = GateRing(gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain),
-                     gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain),
-                     gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain),
-                     gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain), SlotBarriers.make(1, 1))
+    inputs, gates = input_and_gate_rings(q_desc, k_desc, v_desc, 3)
     terms = TermRing(gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, BT], tile_tt),
                      gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, BT], tile_tt),
                      gl.allocate_shared_memory(gl.float32, [NUM_SLOTS * SCALINGS, BT], plain), SlotBarriers.make(1, 1),

@@ -35,6 +35,8 @@ key head, the value head's column scalings).
 TMEM: one [BT, K] fp32 accumulator for w and one [BT, V] for u; kkt and every tf32 product of the inverse run
 in the first BT columns of the u accumulator (they are finished before u is computed). Two M = 64 [BT, 128]
 accumulators: Triton packs them into 128 TMEM columns (tmem_size 128).
+A variant with WARP_SPECIALIZE (PREPARE_WS_WARPS warps, no gating) runs prepare_sm100_ws.py instead: warp-specialised
+and persistent, as on sm_90a.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -43,8 +45,10 @@ from triton.experimental.gluon.language.nvidia.blackwell import (TensorMemoryLay
                                                                   mbarrier, tcgen05_commit, tcgen05_mma, tma)
 
 from .common import (PREPARE_GATE_IN_KERNEL, PREPARE_L2NORM, GateSource,
-                     causal_decay_bitmask, chunk_gates, diagonal_block_inverses, inverse_row_norms,
+                     causal_decay_bitmask, chunk_gates, inverse_row_norms,
                      load_rows, loop_variant, row_load_layout, sequence_of_chunk_slot)
+from .inverse_sm100 import unit_lower_inverse
+from .prepare_sm100_ws import prepare_chunks_warp_specialized
 
 
 @gluon.jit
@@ -52,56 +56,6 @@ def _chunk_desc(base, row_stride, n_rows, n_cols, BT: gl.constexpr, COLS: gl.con
     """TMA descriptor over the chunk's [n_rows, n_cols] block of a token-major tensor, in [BT, COLS] tiles."""
     layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, COLS], base.dtype.element_ty)
     return tma.make_tensor_descriptor(base, [n_rows, n_cols], [row_stride, 1], [BT, COLS], layout)
-
-
-@gluon.jit
-def _mma_sync(a_smem, b_smem, acc_tmem, bar, phase, use_acc: gl.constexpr):
-    """acc (+)= a @ b on the tensor cores and wait for it; returns the barrier's next phase.
-
-    All warps wrote the operands: fence (generic -> async proxy) then a CTA barrier, so the issuing thread sees
-    every warp's stores before the MMA reads them.
-    """
-    fence_async_shared()
-    gl.thread_barrier()
-    tcgen05_mma(a_smem, b_smem, acc_tmem, use_acc=use_acc)
-    tcgen05_commit(bar)
-    mbarrier.wait(bar, phase)
-    return phase ^ 1
-
-
-@gluon.jit
-def _tf32_matmul(a, b, a_smem, bt_smem, acc_tmem, reg_layout: gl.constexpr, bar, phase):
-    """a @ b for fp32 [BT, BT] register tiles, in tf32 on the tensor cores (tcgen05 kind::tf32).
-
-    b is stored transposed and handed over as a permuted view, i.e. K-major, exactly as on sm_90a. (tcgen05,
-    unlike wgmma, also accepts MN-major tf32 operands; K-major is kept because it is the canonical form.)
-    """
-    gl.thread_barrier()  # every warp is done reading the previous product out of TMEM and the operand buffers
-    a_smem.store(a)
-    bt_smem.store(gl.permute(b, [1, 0]))
-    phase = _mma_sync(a_smem, bt_smem.permute((1, 0)), acc_tmem, bar, phase, use_acc=False)
-    return acc_tmem.load(reg_layout), phase
-
-
-@gluon.jit
-def _unit_lower_inverse(A, a_smem, bt_smem, acc_tmem, reg_layout: gl.constexpr, bar, phase):
-    """(I + A)^-1 for strictly lower-triangular A [BT, BT] (BT = 64), blocked by 16, as on sm_90a:
-    (I + A)^-1 = (I - N)(I + N^2) D^-1 with D = I + (A's diagonal 16 x 16 blocks), N = D^-1 L (L: A's strictly
-    block-lower part, so N^4 = 0). D^-1 on warp-level MMAs (common.diagonal_block_inverses), then four
-    tcgen05 kind::tf32 products instead of the ten of squaring the whole matrix. The running terms stay in
-    registers (sums as register adds), so no TMEM store has to be ordered before an MMA.
-    """
-    BT: gl.constexpr = A.shape[0]
-    BLOCK: gl.constexpr = 16
-    i = gl.expand_dims(gl.arange(0, BT, gl.SliceLayout(1, reg_layout)), 1)
-    j = gl.expand_dims(gl.arange(0, BT, gl.SliceLayout(0, reg_layout)), 0)
-    d_inv = diagonal_block_inverses(A, BLOCK)
-    n, phase = _tf32_matmul(d_inv, gl.where((i // BLOCK) > (j // BLOCK), A, 0.0), a_smem, bt_smem, acc_tmem,
-                            reg_layout, bar, phase)
-    n2, phase = _tf32_matmul(n, n, a_smem, bt_smem, acc_tmem, reg_layout, bar, phase)
-    one_minus_n = gl.where(i == j, 1.0, 0.0) - n
-    prod, phase = _tf32_matmul(one_minus_n, n2, a_smem, bt_smem, acc_tmem, reg_layout, bar, phase)
-    return _tf32_matmul(one_minus_n + prod, d_inv, a_smem, bt_smem, acc_tmem, reg_layout, bar, phase)
 
 
 @gluon.jit
@@ -147,9 +101,9 @@ def _serve_value_head(i_hv, j, v_phase, k_smem, v_smem, a_smem, bt_smem, row_vec
     A = tt_tmem.load(reg_tt) * gl.expand_dims(beta_rows, 1) * decay
 
     # --- Tc = (I + A)^-1 in tf32 on the tensor cores; the previous head's w and u TMA stores must have left
-    # a_smem / bt_smem first (_tf32_matmul starts with a CTA barrier, after the issuing thread's wait).
+    # a_smem / bt_smem first (the inverse's products start with a CTA barrier, after the issuing thread's wait).
     tma.store_wait(0)
-    Tc, phase = _unit_lower_inverse(A, a_smem, bt_smem, tt_tmem, reg_tt, mma_bar, 1)
+    Tc, phase = unit_lower_inverse(A, a_smem, bt_smem, tt_tmem, reg_tt, mma_bar, 1)
 
     # --- w = Tc diag(beta e^gam) k and u = Tc diag(beta) v: the row scalings fold into Tc's columns.
     # Both 16-bit A operands go to the (now free) tf32 operand tiles; the two MMAs share one commit.
@@ -183,8 +137,22 @@ def prepare_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, w, u, gam, qg, 
                    K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, IS_VARLEN: gl.constexpr,
                    GATING: gl.constexpr, WARP_SPECIALIZE: gl.constexpr, num_warps: gl.constexpr):
     gl.static_assert(BT == 64, "one CTA owns the 64 rows of a chunk (tcgen05 M = 64)")
-    gl.static_assert(not WARP_SPECIALIZE, "sm_100a's gdn_prepare is one CTA of num_warps warps")
+    gl.static_assert(not (GATING and WARP_SPECIALIZE), "the warp-specialised gdn_prepare has no gating variant")
+    if WARP_SPECIALIZE:
+        prepare_chunks_warp_specialized(q, k, v, g, beta, cu_seqlens, w, u, gam, qg, kg, T, num_seqs, H, HV, flags,
+                                        K, V, BT, IS_VARLEN)
+    else:
+        _prepare_chunk(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, w, u, gam, qg, kg, T, num_seqs, H, HV, flags,
+                       K, V, BT, IS_VARLEN, GATING)
+
+
+@gluon.jit
+def _prepare_chunk(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, w, u, gam, qg, kg, T, num_seqs, H, HV, flags,
+                   K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, IS_VARLEN: gl.constexpr,
+                   GATING: gl.constexpr):
+    """The program's chunk slot and key head in one CTA."""
     gl.static_assert((K <= 2 * BT) & (V <= 2 * BT), "w and u are staged in the fp32 [BT, BT] operand tiles")
+    num_warps: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = k.dtype.element_ty
     start, n_rows = sequence_of_chunk_slot(gl.program_id(0), cu_seqlens, T, num_seqs, BT, IS_VARLEN)
     i_h = gl.program_id(1)

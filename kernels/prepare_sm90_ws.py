@@ -21,6 +21,9 @@ One program an SM (216 KB of shared memory): the single-warpgroup kernel runs tw
 chunk's load latency and setup; here one chunk's inverse hides the next one's loads (docs/performance.md).
 Gating variants (fla's use_gate_in_kernel, ...) are not built this way: their beta may reach 2, where the fp16
 inverse overflows (the single-warpgroup kernel's inverse is tf32).
+The item stream, the rings, the load partition and the writer's row terms and stores (ItemStream, item_rings,
+ItemRows, ItemOutputs, _load_partition) are also sm_100a's (prepare_sm100_ws.py), which runs the same design on
+Blackwell's tensor cores.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -30,8 +33,8 @@ from triton.language.core import _aggregate as aggregate
 
 from . import PREPARE_L2NORM as _L2NORM
 from .common import inverse_row_norms, loop_variant, sequence_of_chunk_slot, store_rows, wgmma_layout
-from .fused_sm90 import (LOG2E, NUM_SLOTS, GateRing, InputRing, InverseScratch, SlotBarriers, _add, _publish_gates,
-                         chunk_decay, publish_key_norms)
+from .fused_sm90 import (LOG2E, NUM_SLOTS, InverseScratch, SlotBarriers, _add, _publish_gates, chunk_decay,
+                         input_and_gate_rings, publish_key_norms)
 
 L2NORM = gl.constexpr(_L2NORM)
 AUX_REGS = gl.constexpr(152)
@@ -78,6 +81,11 @@ class ItemStream:
                                                self.IS_VARLEN)
         return start, n_rows, i_h, i_h * self.group + c % self.group
 
+    @gluon.jit
+    def active(self):
+        """Whether this program is one of the first SM-count ones, which do all the work."""
+        return self.first < self.stride
+
 
 @aggregate
 class ItemTerms:
@@ -95,6 +103,86 @@ class ItemTerms:
         self.tu = tu
         self.rk = rk
         self.bars = bars
+
+
+@aggregate
+class ItemRows:
+    """The writer's row terms of an item, [BT] in a layout that holds every row in every warp (so the cumsum is a
+    warp scan): the rows' element offsets in the [rows, HV] fp32 outputs, the mask of the item's own rows,
+    gam = cumsum(g) (natural log units, as gdn_scan reads it) and ln rq."""
+    offs: gl.tensor
+    live: gl.tensor
+    gam: gl.tensor
+    log_rq: gl.tensor
+
+    @gluon.constexpr_function
+    def __init__(self, offs, live, gam, log_rq):
+        self.offs = offs
+        self.live = live
+        self.gam = gam
+        self.log_rq = log_rq
+
+
+@aggregate
+class ItemOutputs:
+    """Where the writer partition puts an item: its w and u tiles (a whole chunk by TMA store through the staging
+    tiles, a sequence's partial last chunk by masked stores at w, u: the rows after it are the next sequence's),
+    and gam, qg, kg of its rows ([rows, HV] fp32)."""
+    w_desc: tma.tensor_descriptor
+    u_desc: tma.tensor_descriptor
+    w_stage: gl.shared_memory_descriptor
+    u_stage: gl.shared_memory_descriptor
+    w: gl.tensor
+    u: gl.tensor
+    gam: gl.tensor
+    qg: gl.tensor
+    kg: gl.tensor
+    HV: gl.tensor
+
+    @gluon.constexpr_function
+    def __init__(self, w_desc, u_desc, w_stage, u_stage, w, u, gam, qg, kg, HV):
+        self.w_desc = w_desc
+        self.u_desc = u_desc
+        self.w_stage = w_stage
+        self.u_stage = u_stage
+        self.w = w
+        self.u = u
+        self.gam = gam
+        self.qg = qg
+        self.kg = kg
+        self.HV = HV
+
+    @gluon.jit
+    def store_gam_qg(self, rows):
+        """gam and qg = gam + ln rq of an item's rows (ItemRows)."""
+        gl.store(self.gam + rows.offs, rows.gam, mask=rows.live)
+        gl.store(self.qg + rows.offs, rows.gam + rows.log_rq, mask=rows.live)
+
+    @gluon.jit
+    def store_kg(self, rows, rk):
+        """kg = gam - ln rk of an item's rows (rk in their layout)."""
+        gl.store(self.kg + rows.offs, rows.gam - gl.log(rk), mask=rows.live)
+
+    @gluon.jit
+    def store_tiles(self, w_tile, u_tile, start, n_rows, i_hv):
+        """The item's w and u, [BT, K] and [BT, V] register tiles in the input dtype (any layout)."""
+        BT: gl.constexpr = self.w_stage.shape[0]
+        K: gl.constexpr = self.w_stage.shape[1]
+        V: gl.constexpr = self.u_stage.shape[1]
+        if n_rows == BT:
+            # a whole chunk: out by TMA through the staging tiles (the previous ones have left them)
+            tma.store_wait(0)
+            gl.thread_barrier()
+            self.w_stage.store(w_tile)
+            self.u_stage.store(u_tile)
+            fence_async_shared()
+            gl.thread_barrier()
+            tma.async_copy_shared_to_global(self.w_desc, [start, i_hv * K], self.w_stage)
+            tma.async_copy_shared_to_global(self.u_desc, [start, i_hv * V], self.u_stage)
+        else:
+            # a sequence's last, partial chunk: the rows after it are the next sequence's, so masked stores
+            store_rows(self.w + i_hv * K, w_tile, start, n_rows, self.HV * K)
+            store_rows(self.u + i_hv * V, u_tile, start, n_rows, self.HV * V)
 
 
 @gluon.jit
@@ -191,7 +279,20 @@ def _log_row_norms(tile, flags, layout: gl.constexpr):
 
 
 @gluon.jit
-def _writer_partition(items, inputs, terms, w_stage, u_stage, w_desc, u_desc, g, w, u, gam, qg, kg, HV, flags):
+def item_rows(items, c, inputs, g, HV, flags, layout: gl.constexpr):
+    """Item c's first row, rows, value head and ItemRows in `layout` (ln rq once its q tile has landed)."""
+    start, n_rows, _, i_hv = items.item(c)
+    r = gl.arange(0, inputs.q.shape[1], layout)
+    live = r < n_rows
+    offs = (start + r).to(gl.int64) * HV + i_hv
+    gam_r = gl.associative_scan(gl.load(g + offs, mask=live, other=0.0), 0, _add)
+    inputs.bars.wait_ready(c)
+    log_rq = _log_row_norms(inputs.q.index(c % NUM_SLOTS), flags, layout)
+    return start, n_rows, i_hv, ItemRows(offs, live, gam_r, log_rq)
+
+
+@gluon.jit
+def _writer_partition(items, inputs, terms, out, g, flags):
     """gam, qg, kg, w and u of each item (see the module docstring)."""
     BT: gl.constexpr = inputs.k.shape[1]
     K: gl.constexpr = inputs.k.shape[2]
@@ -199,88 +300,85 @@ def _writer_partition(items, inputs, terms, w_stage, u_stage, w_desc, u_desc, g,
     dtype: gl.constexpr = inputs.k.dtype
     acc_tk: gl.constexpr = wgmma_layout(BT, K, gl.num_warps())
     acc_tv: gl.constexpr = wgmma_layout(BT, V, gl.num_warps())
-    rows: gl.constexpr = gl.BlockedLayout([BT // 32], [32], [gl.num_warps()], [0])
-    r = gl.arange(0, BT, rows)
+    rows_l: gl.constexpr = gl.BlockedLayout([BT // 32], [32], [gl.num_warps()], [0])
     for c in range(items.n_items):
         slot = c % NUM_SLOTS
-        start, n_rows, _, i_hv = items.item(c)
-        live = r < n_rows
-        offs = (start + r).to(gl.int64) * HV + i_hv
-        gam_r = gl.associative_scan(gl.load(g + offs, mask=live, other=0.0), 0, _add)
-        inputs.bars.wait_ready(c)
-        log_rq = _log_row_norms(inputs.q.index(slot), flags, rows)
+        start, n_rows, i_hv, rows = item_rows(items, c, inputs, g, out.HV, flags, rows_l)
         terms.bars.wait_ready(c)
         w_acc = warpgroup_mma(terms.tw.index(slot), inputs.k.index(slot), gl.zeros([BT, K], gl.float32, acc_tk),
                               use_acc=False, is_async=True)
         u_acc = warpgroup_mma(terms.tu.index(slot), inputs.v.index(slot), gl.zeros([BT, V], gl.float32, acc_tv),
                               use_acc=False, is_async=True)
-        gl.store(gam + offs, gam_r, mask=live)
-        gl.store(qg + offs, gam_r + log_rq, mask=live)
-        gl.store(kg + offs, gam_r - gl.log(terms.rk.index(slot).load(rows)), mask=live)
+        out.store_gam_qg(rows)
+        out.store_kg(rows, terms.rk.index(slot).load(rows_l))
         w_acc, u_acc = warpgroup_mma_wait(0, deps=[w_acc, u_acc])
         terms.bars.release(c)
         inputs.bars.release(c)
-        if n_rows == BT:
-            # a whole chunk: out by TMA through the staging tiles (the previous ones have left them)
-            tma.store_wait(0)
-            gl.thread_barrier()
-            w_stage.store(w_acc.to(dtype))
-            u_stage.store(u_acc.to(dtype))
-            fence_async_shared()
-            gl.thread_barrier()
-            tma.async_copy_shared_to_global(w_desc, [start, i_hv * K], w_stage)
-            tma.async_copy_shared_to_global(u_desc, [start, i_hv * V], u_stage)
-        else:
-            # a sequence's last, partial chunk: the rows after it are the next sequence's, so masked stores
-            store_rows(w + i_hv * K, w_acc.to(dtype), start, n_rows, HV * K)
-            store_rows(u + i_hv * V, u_acc.to(dtype), start, n_rows, HV * V)
+        out.store_tiles(w_acc.to(dtype), u_acc.to(dtype), start, n_rows, i_hv)
     tma.store_wait(0)
+
+
+@gluon.jit
+def program_items(cu_seqlens, T, num_seqs, H, HV, BT: gl.constexpr, IS_VARLEN: gl.constexpr):
+    """This program's items: as many programs as SMs (the first ones the GPU starts) each stride over the
+    (chunk slot, key head) pairs; the rest are not active (ItemStream.active) and end at once."""
+    n_slots = gl.num_programs(0)
+    pairs = n_slots * H
+    p = gl.program_id(1) * n_slots + gl.program_id(0)  # in the order the GPU starts the programs
+    group = HV // H
+    n_programs = gl.minimum(pairs, _sm_count())
+    return ItemStream(p, n_programs, gl.cdiv(pairs - p, n_programs) * group, n_slots, group, cu_seqlens, T,
+                      num_seqs, BT, IS_VARLEN)
+
+
+@gluon.jit
+def batch_descs(q, k, v, w, u, T, num_seqs, H, HV, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
+                IS_VARLEN: gl.constexpr):
+    """TMA descriptors over the whole batch's q, k, v, w and u (made once a program)."""
+    rows = T
+    if not IS_VARLEN:
+        rows = T * num_seqs
+    return (_batch_desc(q, rows, H, BT, K), _batch_desc(k, rows, H, BT, K), _batch_desc(v, rows, HV, BT, V),
+            _batch_desc(w, rows, HV, BT, K), _batch_desc(u, rows, HV, BT, V))
+
+
+@gluon.jit
+def item_rings(q_desc, k_desc, v_desc):
+    """The input ring (its slots emptied by the aux and the writer partitions), the gate ring and the terms
+    ring."""
+    dtype: gl.constexpr = q_desc.block_type.element_ty
+    BT: gl.constexpr = q_desc.block_type.shape[0]
+    tile_tt: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], dtype)
+    inputs, gates = input_and_gate_rings(q_desc, k_desc, v_desc, 2)
+    terms = ItemTerms(gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, BT], tile_tt),
+                      gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, BT], tile_tt),
+                      gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], gl.SwizzledSharedLayout(1, 1, 1, [0])),
+                      SlotBarriers.make(1, 1))
+    return inputs, gates, terms
+
+
+@gluon.jit
+def item_outputs(w_desc, u_desc, w, u, gam, qg, kg, HV):
+    """The writer's ItemOutputs, with staging tiles of its own."""
+    w_stage = gl.allocate_shared_memory(w_desc.block_type.element_ty, w_desc.block_type.shape, w_desc.layout)
+    u_stage = gl.allocate_shared_memory(u_desc.block_type.element_ty, u_desc.block_type.shape, u_desc.layout)
+    return ItemOutputs(w_desc, u_desc, w_stage, u_stage, w, u, gam, qg, kg, HV)
 
 
 @gluon.jit
 def prepare_chunks_warp_specialized(q, k, v, g, beta, cu_seqlens, w, u, gam, qg, kg, T, num_seqs, H, HV, flags,
                                     K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, IS_VARLEN: gl.constexpr):
-    """The program's chunk slots (called by prepare_sm90.prepare_kernel with 8 warps, the writer partition's)."""
+    """The program's items (called by prepare_sm90.prepare_kernel with 8 warps, the writer partition's)."""
     gl.static_assert(gl.num_warps() == 8, "the writer partition is two warpgroups")
-    dtype: gl.constexpr = k.dtype.element_ty
-    n_slots = gl.num_programs(0)
-    pairs = n_slots * H
-    p = gl.program_id(1) * n_slots + gl.program_id(0)  # in the order the GPU starts the programs
-    group = HV // H
-    # as many programs as SMs (the first ones the GPU starts), each striding over the pairs; the rest end at once
-    n_programs = gl.minimum(pairs, _sm_count())
-    items = ItemStream(p, n_programs, gl.cdiv(pairs - p, n_programs) * group, n_slots, group, cu_seqlens, T,
-                       num_seqs, BT, IS_VARLEN)
-    if p < n_programs:
-        rows = T
-        if not IS_VARLEN:
-            rows = T * num_seqs
-        q_desc = _batch_desc(q, rows, H, BT, K)
-        k_desc = _batch_desc(k, rows, H, BT, K)
-        v_desc = _batch_desc(v, rows, HV, BT, V)
-        w_desc = _batch_desc(w, rows, HV, BT, K)
-        u_desc = _batch_desc(u, rows, HV, BT, V)
-
-        plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])  # rows of [BT] vectors
-        tile_tt: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], dtype)
-        # the input slots are emptied by the aux and the writer partitions
-        inputs = InputRing(gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, K], q_desc.layout),
-                           gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, K], k_desc.layout),
-                           gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, V], v_desc.layout),
-                           SlotBarriers.make(1, 2))
-        gates = GateRing(gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain),
-                         gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain),
-                         gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain),
-                         gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain), SlotBarriers.make(1, 1))
-        terms = ItemTerms(gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, BT], tile_tt),
-                          gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, BT], tile_tt),
-                          gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain), SlotBarriers.make(1, 1))
+    items = program_items(cu_seqlens, T, num_seqs, H, HV, BT, IS_VARLEN)
+    if items.active():
+        q_desc, k_desc, v_desc, w_desc, u_desc = batch_descs(q, k, v, w, u, T, num_seqs, H, HV, K, V, BT,
+                                                             IS_VARLEN)
+        inputs, gates, terms = item_rings(q_desc, k_desc, v_desc)
         inverse = InverseScratch.make(BT)
-        w_stage = gl.allocate_shared_memory(dtype, [BT, K], w_desc.layout)
-        u_stage = gl.allocate_shared_memory(dtype, [BT, V], u_desc.layout)
+        out = item_outputs(w_desc, u_desc, w, u, gam, qg, kg, HV)
         gl.warp_specialize([
-            (_writer_partition, (items, inputs, terms, w_stage, u_stage, w_desc, u_desc, g, w, u, gam, qg, kg, HV,
-                                 flags)),
+            (_writer_partition, (items, inputs, terms, out, g, flags)),
             (_aux_partition, (items, inputs, gates, terms, inverse, flags)),
             (_load_partition, (items, inputs, gates, q_desc, k_desc, v_desc, g, beta, HV)),
         ], [4, LOAD_WARPS], [AUX_REGS, LOAD_REGS])

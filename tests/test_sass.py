@@ -12,10 +12,13 @@ from conftest import ARCHES
 # Blackwell (sm_100a, and sm_103a compiled from the same sources): tcgen05 MMA (UTCHMMA) into tensor memory (read
 # back with LDTM), fed by TMA.
 BLACKWELL = ("sm_100a", "sm_103a")
-WARP_SPECIALIZED_PREPARE = ("sm_90a", "gdn_prepare", PREPARE_WS_WARPS)  # prepare_sm90_ws.py: not the 4-warp path
+# the warp-specialised gdn_prepare (prepare_sm90_ws.py, prepare_sm100_ws.py), not the 4-warp path
+WARP_SPECIALIZED_PREPARE = ("sm_90a", "gdn_prepare", PREPARE_WS_WARPS)
+WARP_SPECIALIZED_PREPARE_SM100 = ("sm_100a", "gdn_prepare", PREPARE_WS_WARPS)
 REQUIRED = [
     ("sm_90a", "gdn_prepare", 4, ("HGMMA", "UTMALDG", "LDGSTS")),
     (*WARP_SPECIALIZED_PREPARE, ("HGMMA", "UTMALDG", "SYNCS", "WARPGROUP")),
+    (*WARP_SPECIALIZED_PREPARE_SM100, ("UTCHMMA", "LDTM", "UTMALDG", "UTMASTG", "SYNCS")),
     ("sm_90a", "gdn_scan", None, ("HGMMA", "UTMALDG", "SYNCS", "WARPGROUP")),
     ("sm_90a", "gdn_fused", None, ("HGMMA", "UTMALDG", "UTMASTG", "SYNCS", "WARPGROUP")),
     *((arch, kernel, None, families) for arch in BLACKWELL for kernel, families in (

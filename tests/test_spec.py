@@ -165,8 +165,9 @@ def test_shipped_specs_enumerate():
     assert {v.kernel for v in ckpt} == {"gdn_scan"} and all(v.varlen for v in ckpt) and len(ckpt) == 60
     assert {(v.BV, v.num_warps) for v in ckpt if v.arch == "sm_90a"} == {(32, 4), (128, 8), (32, 16), (64, 16)}
     t = load_spec("tiny")  # a shipped spec by name
-    assert len(t.variants) == 30
-    assert sorted(v.num_warps for v in t.for_arch("sm_90a") if v.kernel == "gdn_prepare") == [4, 16]
+    assert len(t.variants) == 31
+    for arch in ("sm_90a", "sm_100a"):
+        assert sorted(v.num_warps for v in t.for_arch(arch) if v.kernel == "gdn_prepare") == [4, 16]
     assert {(v.kernel, v.BV, v.num_warps, v.transpose, v.state_dtype, v.checkpoints) for v in t.for_arch("sm_103a")} \
         == {("gdn_prepare", 128, 4, False, "fp32", False), ("gdn_scan", 64, 4, False, "fp32", False),
             ("gdn_scan", 64, 16, False, "fp32", False), ("gdn_fused", 128, 16, False, "fp32", False)}
@@ -189,8 +190,9 @@ def test_shipped_specs_enumerate():
     assert {v.dtype for v in t.variants} == {"bf16"}
     prep = [v for v in q.variants if v.kernel == "gdn_prepare"]  # BV and transpose unused: their defaults
     assert all(v.BT == 64 and v.BK == 128 and v.BV == 128 and not v.transpose for v in prep)
-    # sm_90a: the warp-specialised gdn_prepare (16 warps) but for the gating variants
-    assert all(v.num_warps == (16 if v.arch == "sm_90a" and not v.gating else 4) for v in prep)
+    # every arch: the warp-specialised gdn_prepare (16 warps) but for the gating variants
+    assert all(v.num_warps == (4 if v.gating else 16) for v in prep)
+    assert {v.arch for v in prep} == {"sm_90a", "sm_100a", "sm_103a"}
     assert {(v.dtype, v.varlen, v.gating) for v in prep} == set(itertools.product(("bf16", "fp16"), (True, False),
                                                                                    (True, False)))
     assert {v.state_dtype for v in prep} == {"fp32"}  # gdn_prepare never touches the state
