@@ -429,10 +429,17 @@ def inverse_row_norms(x):
 
 
 @gluon.jit
+def token_major_desc(base, row_stride, n_rows, n_cols, BT: gl.constexpr, COLS: gl.constexpr):
+    """TMA descriptor over an [n_rows, n_cols] block of a token-major tensor whose rows are row_stride elements
+    apart, in [BT, COLS] tiles (the default NVMMA layout)."""
+    layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, COLS], base.dtype.element_ty)
+    return tma.make_tensor_descriptor(base, [n_rows, n_cols], [row_stride, 1], [BT, COLS], layout)
+
+
+@gluon.jit
 def row_tile_desc(base, row_stride, seq_len, BT: gl.constexpr, COLS: gl.constexpr):
     """TMA descriptor over one head's [seq_len, COLS] rows of a token-major tensor."""
-    layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, COLS], base.dtype.element_ty)
-    return tma.make_tensor_descriptor(base, [gl.maximum(seq_len, 1), COLS], [row_stride, 1], [BT, COLS], layout)
+    return token_major_desc(base, row_stride, gl.maximum(seq_len, 1), COLS, BT, COLS)
 
 
 @gluon.jit

@@ -46,16 +46,9 @@ from triton.experimental.gluon.language.nvidia.blackwell import (TensorMemoryLay
 
 from .common import (PREPARE_GATE_IN_KERNEL, PREPARE_L2NORM, GateSource,
                      causal_decay_bitmask, chunk_gates, inverse_row_norms,
-                     load_rows, loop_variant, row_load_layout, sequence_of_chunk_slot)
+                     load_rows, loop_variant, row_load_layout, sequence_of_chunk_slot, token_major_desc)
 from .inverse_sm100 import unit_lower_inverse
 from .prepare_sm100_ws import prepare_chunks_warp_specialized
-
-
-@gluon.jit
-def _chunk_desc(base, row_stride, n_rows, n_cols, BT: gl.constexpr, COLS: gl.constexpr):
-    """TMA descriptor over the chunk's [n_rows, n_cols] block of a token-major tensor, in [BT, COLS] tiles."""
-    layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, COLS], base.dtype.element_ty)
-    return tma.make_tensor_descriptor(base, [n_rows, n_cols], [row_stride, 1], [BT, COLS], layout)
 
 
 @gluon.jit
@@ -171,10 +164,10 @@ def _prepare_chunk(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, w, u, gam, qg, 
 
         # --- descriptors over the chunk's rows: the key head's k, its value heads' v, w, u side by side.
         row0 = start.to(gl.int64)
-        k_desc = _chunk_desc(k + row0 * H * K + i_h * K, H * K, n_rows, K, BT, K)
-        v_desc = _chunk_desc(v + row0 * HV * V + i_h * group * V, HV * V, n_rows, group * V, BT, V)
-        w_desc = _chunk_desc(w + row0 * HV * K + i_h * group * K, HV * K, n_rows, group * K, BT, K)
-        u_desc = _chunk_desc(u + row0 * HV * V + i_h * group * V, HV * V, n_rows, group * V, BT, V)
+        k_desc = token_major_desc(k + row0 * H * K + i_h * K, H * K, n_rows, K, BT, K)
+        v_desc = token_major_desc(v + row0 * HV * V + i_h * group * V, HV * V, n_rows, group * V, BT, V)
+        w_desc = token_major_desc(w + row0 * HV * K + i_h * group * K, HV * K, n_rows, group * K, BT, K)
+        u_desc = token_major_desc(u + row0 * HV * V + i_h * group * V, HV * V, n_rows, group * V, BT, V)
         k_smem = gl.allocate_shared_memory(dtype, [BT, K], k_desc.layout)
         v_smem = gl.allocate_shared_memory(dtype, [BT, V], v_desc.layout)
         f32_tt: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], gl.float32)

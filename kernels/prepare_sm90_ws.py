@@ -32,7 +32,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.language.core import _aggregate as aggregate
 
 from . import PREPARE_L2NORM as _L2NORM
-from .common import inverse_row_norms, loop_variant, sequence_of_chunk_slot, store_rows, wgmma_layout
+from .common import (inverse_row_norms, loop_variant, sequence_of_chunk_slot, store_rows, token_major_desc,
+                     wgmma_layout)
 from .fused_sm90 import (LOG2E, NUM_SLOTS, InverseScratch, SlotBarriers, _add, _publish_gates, chunk_decay,
                          input_and_gate_rings, publish_key_norms)
 
@@ -193,13 +194,6 @@ def _sm_count():
 
 
 @gluon.jit
-def _batch_desc(base, rows, heads, BT: gl.constexpr, COLS: gl.constexpr):
-    """TMA descriptor over a token-major [rows, heads * COLS] tensor, [BT, COLS] tiles (one head's columns)."""
-    layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, COLS], base.dtype.element_ty)
-    return tma.make_tensor_descriptor(base, [rows, heads * COLS], [heads * COLS, 1], [BT, COLS], layout)
-
-
-@gluon.jit
 def _load_partition(items, inputs, gates, q_desc, k_desc, v_desc, g, beta, HV):
     """Each item's gates into the gate ring and its q, k, v tiles into the input ring."""
     BT: gl.constexpr = inputs.q.shape[1]
@@ -334,12 +328,14 @@ def program_items(cu_seqlens, T, num_seqs, H, HV, BT: gl.constexpr, IS_VARLEN: g
 @gluon.jit
 def batch_descs(q, k, v, w, u, T, num_seqs, H, HV, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
                 IS_VARLEN: gl.constexpr):
-    """TMA descriptors over the whole batch's q, k, v, w and u (made once a program)."""
+    """TMA descriptors over the whole batch's q, k, v, w and u (made once a program), [BT, K | V] tiles: one head's
+    columns."""
     rows = T
     if not IS_VARLEN:
         rows = T * num_seqs
-    return (_batch_desc(q, rows, H, BT, K), _batch_desc(k, rows, H, BT, K), _batch_desc(v, rows, HV, BT, V),
-            _batch_desc(w, rows, HV, BT, K), _batch_desc(u, rows, HV, BT, V))
+    return (token_major_desc(q, H * K, rows, H * K, BT, K), token_major_desc(k, H * K, rows, H * K, BT, K),
+            token_major_desc(v, HV * V, rows, HV * V, BT, V), token_major_desc(w, HV * K, rows, HV * K, BT, K),
+            token_major_desc(u, HV * V, rows, HV * V, BT, V))
 
 
 @gluon.jit
