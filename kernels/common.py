@@ -429,6 +429,15 @@ def inverse_row_norms(x):
 
 
 @gluon.jit
+def mbarriers(n: gl.constexpr, count: gl.constexpr):
+    """n mbarriers in shared memory ([n, 1]; .index(i) is one), each completing a phase after `count` arrivals."""
+    bars = gl.allocate_shared_memory(gl.int64, [n, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(n):
+        mbarrier.init(bars.index(i), count=count)
+    return bars
+
+
+@gluon.jit
 def token_major_desc(base, row_stride, n_rows, n_cols, BT: gl.constexpr, COLS: gl.constexpr):
     """TMA descriptor over an [n_rows, n_cols] block of a token-major tensor whose rows are row_stride elements
     apart, in [BT, COLS] tiles (the default NVMMA layout)."""

@@ -55,8 +55,8 @@ from triton.experimental.gluon.language.nvidia.blackwell import (TensorMemoryLay
 from triton.language.core import _aggregate as aggregate
 
 from . import FUSED_HAS_H0 as _HAS_H0, FUSED_STORE_HT as _STORE_HT
-from .common import (Checkpoints, GateSource, load_state_tile, loop_variant, sequence_and_head, sequence_bounds,
-                     state_io_layout, store_state_tile)
+from .common import (Checkpoints, GateSource, load_state_tile, loop_variant, mbarriers, sequence_and_head,
+                     sequence_bounds, state_io_layout, store_state_tile)
 from .fused_sm90 import (GATE_IN_KERNEL, HEAD_MAJOR, K_SCALE, LOAD_REGS, LOAD_WARPS, NORMS_WARPS, NUM_SLOTS, O_SCALE,
                          STATE_SCALE, V_SCALE, _load_partition, _norms_partition, chunk_decay, chunk_rings,
                          head_tiles, publish_inverse, publish_key_norms, publish_row_scalings, state_slot)
@@ -271,9 +271,7 @@ def fused_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0, ht, state_ind
     tm_vk: gl.constexpr = TensorMemoryLayout(block=(V, K), col_stride=1)
     tm_vt: gl.constexpr = TensorMemoryLayout(block=(V, BT), col_stride=1)
     tm_tt: gl.constexpr = TensorMemoryLayout(block=(BT, BT), col_stride=1)
-    state_bars = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
-    for b in gl.static_range(4):
-        mbarrier.init(state_bars.index(b), count=1)
+    state_bars = mbarriers(4, 1)
     s16 = allocate_tensor_memory(dtype, [V, K], tm_vk)
     st = StateTmem(allocate_tensor_memory(gl.float32, [V, K], tm_vk), s16, s16.slice(0, BT), s16.slice(BT, BT),
                    allocate_tensor_memory(gl.float32, [V, BT], tm_vt),
@@ -293,8 +291,7 @@ def fused_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0, ht, state_ind
     # --- shared memory: the rings (the state's MMAs empty an input slot), the aux's scratch, the output staging
     inputs, gates, terms = chunk_rings(q_desc, k_desc, v_desc)
     f32_tt: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], gl.float32)
-    aux_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(aux_bar.index(0), count=1)
+    aux_bar = mbarriers(1, 1)
     scratch = AuxScratch(allocate_tensor_memory(gl.float32, [BT, BT], tm_tt),
                          allocate_tensor_memory(gl.float32, [BT, BT], tm_tt),
                          gl.allocate_shared_memory(gl.float32, [BT, BT], f32_tt),

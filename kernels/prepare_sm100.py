@@ -46,7 +46,7 @@ from triton.experimental.gluon.language.nvidia.blackwell import (TensorMemoryLay
 
 from .common import (PREPARE_GATE_IN_KERNEL, PREPARE_L2NORM, GateSource,
                      causal_decay_bitmask, chunk_gates, inverse_row_norms,
-                     load_rows, loop_variant, row_load_layout, sequence_of_chunk_slot, token_major_desc)
+                     load_rows, loop_variant, mbarriers, row_load_layout, sequence_of_chunk_slot, token_major_desc)
 from .inverse_sm100 import unit_lower_inverse
 from .prepare_sm100_ws import prepare_chunks_warp_specialized
 
@@ -158,9 +158,7 @@ def _prepare_chunk(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, w, u, gam, qg, 
         u_tmem = allocate_tensor_memory(gl.float32, [BT, V], tm_tv)
 
         # barriers: 0 the k tile, 1 each value head's v tile, 2 the MMAs
-        bars = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())
-        for b in gl.static_range(3):
-            mbarrier.init(bars.index(b), count=1)
+        bars = mbarriers(3, 1)
 
         # --- descriptors over the chunk's rows: the key head's k, its value heads' v, w, u side by side.
         row0 = start.to(gl.int64)

@@ -47,7 +47,7 @@ from triton.experimental.gluon.language.nvidia.blackwell import (TensorMemoryLay
                                                                   fence_async_shared, get_tmem_reg_layout,
                                                                   mbarrier, tcgen05_commit, tcgen05_mma, tma)
 
-from .common import loop_variant
+from .common import loop_variant, mbarriers
 from .fused_sm90 import NUM_SLOTS, chunk_decay, publish_key_norms
 from .inverse_sm100 import unit_lower_inverse
 from .prepare_sm90_ws import (LOAD_WARPS, _load_partition, batch_descs, item_outputs, item_rings, item_rows,
@@ -155,9 +155,7 @@ def prepare_chunks_warp_specialized(q, k, v, g, beta, cu_seqlens, w, u, gam, qg,
         kk_tmem = allocate_tensor_memory(gl.float32, [BT, BT], TensorMemoryLayout(block=(BT, BT), col_stride=1))
         w_tmem = allocate_tensor_memory(gl.float32, [BT, K], TensorMemoryLayout(block=(BT, K), col_stride=1))
         u_tmem = allocate_tensor_memory(gl.float32, [BT, V], TensorMemoryLayout(block=(BT, V), col_stride=1))
-        mma_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        for b in gl.static_range(2):
-            mbarrier.init(mma_bars.index(b), count=1)
+        mma_bars = mbarriers(2, 1)
         gl.warp_specialize([
             (_writer_partition, (items, inputs, terms, w_tmem, u_tmem, mma_bars.index(0), out, g, flags)),
             (_aux_partition, (items, inputs, gates, terms, kk_tmem, a_smem, bt_smem, mma_bars.index(1), flags)),

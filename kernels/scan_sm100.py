@@ -47,8 +47,8 @@ from triton.experimental.gluon.language.nvidia.blackwell import (TensorMemoryLay
                                                                   tcgen05_mma, tma)
 
 from .common import (SCAN_HAS_H0, SCAN_STORE_HT, SCAN_USE_INDICES, Checkpoints, causal_decay_bitmask,
-                     chunk_row_scalings, issue_chunk_loads, load_state_tile, row_tile_desc, sequence_bounds,
-                     store_tmem_state)
+                     chunk_row_scalings, issue_chunk_loads, load_state_tile, mbarriers, row_tile_desc,
+                     sequence_bounds, store_tmem_state)
 from .scan_sm100_ws import RowData, operands_ready, scan_chunks_warp_specialized, store_chunk_output
 
 
@@ -135,9 +135,7 @@ def _scan_chunks(h_tmem, h_smem, n_chunks, q_desc, k_desc, w_desc, u_desc, o_des
     p_smem = gl.allocate_shared_memory(dtype, [BT, BT], gl.NVMMASharedLayout.get_default_for([BT, BT], dtype))
     o_smem = gl.allocate_shared_memory(dtype, [BT, BV], o_desc.layout)
     # barriers: 0, 1 TMA ring stages; 2 w h; 3 q k^T + q h; 4 intra output; 5 state update
-    bars = gl.allocate_shared_memory(gl.int64, [6, 1], mbarrier.MBarrierLayout())
-    for b in gl.static_range(6):
-        mbarrier.init(bars.index(b), count=1)
+    bars = mbarriers(6, 1)
     bar_wh = bars.index(2)
     bar_sq = bars.index(3)
     bar_o = bars.index(4)

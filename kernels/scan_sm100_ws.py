@@ -37,7 +37,7 @@ from triton.experimental.gluon.language.nvidia.blackwell import (TensorMemoryLay
                                                                   mbarrier, tcgen05_commit, tcgen05_mma, tma)
 from triton.language.core import _aggregate as aggregate
 
-from .common import causal_decay_bitmask, chunk_row_scalings, chunk_rows
+from .common import causal_decay_bitmask, chunk_row_scalings, chunk_rows, mbarriers
 from .fused_sm90 import NUM_SLOTS, SlotBarriers
 
 OUTPUT_REGS = gl.constexpr(152)
@@ -250,15 +250,6 @@ def _state_partition(h_tmem, wh_tmem, bars, rings, v_dec_smem, row_data, n_chunk
 
 
 @gluon.jit
-def _mma_barriers():
-    """Two mbarriers, each completed once a chunk by a partition's tcgen05_commit."""
-    bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(2):
-        mbarrier.init(bars.index(i), count=1)
-    return bars
-
-
-@gluon.jit
 def scan_chunks_warp_specialized(h_tmem, h_ring_tiles, n_chunks, q_desc, k_desc, w_desc, u_desc, o_desc,
                                  o_all_desc, bos, o_col, row_data, scale, checkpoints, i_v):
     """The chunk loop of gdn_scan split over the partitions above (called by scan_sm100.scan_kernel with 4 warps,
@@ -285,11 +276,11 @@ def scan_chunks_warp_specialized(h_tmem, h_ring_tiles, n_chunks, q_desc, k_desc,
     p_tiles = gl.allocate_shared_memory(dtype, [2, BT, BT], gl.NVMMASharedLayout.get_default_for([BT, BT], dtype))
     o_tiles = gl.allocate_shared_memory(dtype, [2, BT, BV], o_desc.layout)  # P and o: one tile per output partition
     gl.warp_specialize([
-        (_state_partition, (h_tmem, wh_tmem, _mma_barriers(), rings, v_dec_smem, row_data, n_chunks, checkpoints,
+        (_state_partition, (h_tmem, wh_tmem, mbarriers(2, 1), rings, v_dec_smem, row_data, n_chunks, checkpoints,
                             i_v)),
-        (_output_partition, (0, rings, out0_tmem, _mma_barriers(), p_tiles.index(0), o_tiles.index(0), o_desc,
+        (_output_partition, (0, rings, out0_tmem, mbarriers(2, 1), p_tiles.index(0), o_tiles.index(0), o_desc,
                              o_all_desc, row_data, bos, o_col, n_chunks, scale)),
-        (_output_partition, (1, rings, out1_tmem, _mma_barriers(), p_tiles.index(1), o_tiles.index(1), o_desc,
+        (_output_partition, (1, rings, out1_tmem, mbarriers(2, 1), p_tiles.index(1), o_tiles.index(1), o_desc,
                              o_all_desc, row_data, bos, o_col, n_chunks, scale)),
         (_load_partition, (rings, q_desc, k_desc, w_desc, u_desc, n_chunks)),
     ], [4, 4, 1], [OUTPUT_REGS, OUTPUT_REGS, LOAD_REGS])

@@ -25,7 +25,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                                warpgroup_mma_wait)
 
 from .common import (SCAN_HAS_H0, SCAN_STORE_HT, SCAN_USE_INDICES, Checkpoints, causal_decay, chunk_row_scalings,
-                     chunk_rows, load_state_tile, row_tile_desc, sequence_bounds, store_state_tile, wgmma_layout)
+                     chunk_rows, load_state_tile, mbarriers, row_tile_desc, sequence_bounds, store_state_tile,
+                     wgmma_layout)
 from .scan_sm90_ws import scan_chunks_warp_specialized
 
 
@@ -66,9 +67,7 @@ def _scan_chunks(h, n_chunks, seq_len, q_desc, k_desc, w_desc, u_desc, o_desc, g
     h_smem = gl.allocate_shared_memory(dtype, [K, BV], gl.NVMMASharedLayout.get_default_for([K, BV], dtype))
     v_new_smem = gl.allocate_shared_memory(dtype, [BT, BV], o_desc.layout)  # v_new, then the chunk's o
     v_dec_smem = gl.allocate_shared_memory(dtype, [BT, BV], o_desc.layout)  # u, then v_dec
-    bars = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())  # q/k stage 0, 1; w; u
-    for b in gl.static_range(4):
-        mbarrier.init(bars.index(b), count=1)
+    bars = mbarriers(4, 1)  # q/k stage 0, 1; w; u
     w_ready = bars.index(2)
     u_ready = bars.index(3)
 

@@ -24,7 +24,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
-from .common import causal_decay, chunk_row_scalings, chunk_rows, wgmma_layout
+from .common import causal_decay, chunk_row_scalings, chunk_rows, mbarriers, wgmma_layout
 
 NUM_SLOTS = gl.constexpr(2)
 OUTPUT_REGS = gl.constexpr(160)
@@ -33,10 +33,7 @@ OUTPUT_REGS = gl.constexpr(160)
 @gluon.jit
 def _ring_barriers(count: gl.constexpr):
     """One mbarrier per ring slot, each completing a phase after `count` arrivals."""
-    bars = gl.allocate_shared_memory(gl.int64, [NUM_SLOTS, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(NUM_SLOTS):
-        mbarrier.init(bars.index(s), count=count)
-    return bars
+    return mbarriers(NUM_SLOTS, count)
 
 
 @gluon.jit
