@@ -48,8 +48,9 @@ def test_select_prepare_variants_by_warps():
 
 
 def test_select_from_a_real_manifest(tiny_build):
-    """tiny.yaml's sm_90a scans: the [K, V] fp32 variants without checkpoints, BV 64, 4 and 16 warps."""
+    """tiny.yaml's sm_90a scans: the [K, V] fp32 variants without checkpoints, BV 32 at 4 warps, 64 at 16."""
     variants = tiny_build.manifest("sm_90a")["variants"]
+    assert list(ab.select_variants(variants, "gdn_scan", 4)) == [32]
     chosen = ab.select_variants(variants, "gdn_scan", 16)
     assert list(chosen) == [64]
     e = variants[chosen[64]]

@@ -59,7 +59,7 @@ def test_pick(tiny_build):
     k = s.pick("gdn_scan", dtype="bf16", varlen=True, transpose=True)
     assert k.key.startswith("gdn_scan.sm_90a.bf16.") and ".vk." in k.key and k.axes["BV"] == default_bv
     assert s.pick("gdn_scan", dtype="bf16", varlen=True, transpose=True) is k  # cached per axes
-    assert s.pick("gdn_scan", dtype="bf16", varlen=True, transpose=True, BV=32) is k  # BV 32 not built: default
+    assert s.pick("gdn_scan", dtype="bf16", varlen=True, transpose=True, BV=128) is k  # BV 128 not built: default
     assert s.pick("gdn_scan", dtype="bf16", varlen=True, transpose=True, BV=default_bv) is k
     assert s.pick("gdn_scan", dtype="bf16", varlen=True, transpose=False, K=128, V=128).key.count(".kv.") == 1
     assert s.kernel(k.key) is k

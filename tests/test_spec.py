@@ -174,7 +174,8 @@ def test_shipped_specs_enumerate():
     assert {v.kernel for v in t.variants} == {"gdn_prepare", "gdn_scan", "gdn_fused"}
     plain_scans = [v for v in t.for_arch("sm_90a") if v.kernel == "gdn_scan" and not v.checkpoints]
     assert sorted(v.transpose for v in plain_scans) == [False, False, True, True, True]  # one of them bf16-state
-    assert {v.BV for v in plain_scans} == {64}
+    # the shipped specs' BVs: sm_90a's 4-warp scan at 32, the warp-specialised one at 64
+    assert {(v.BV, v.num_warps) for v in plain_scans} == {(32, 4), (64, 16)}
     assert sorted(v.transpose for v in t.for_arch("sm_100a") if v.kernel == "gdn_fused") == [False, False, True]
     assert {(v.arch, v.kernel, v.BV, v.num_warps, v.transpose) for v in t.variants if v.checkpoints} == {
         ("sm_90a", "gdn_scan", 64, 16, False), ("sm_90a", "gdn_scan", 64, 16, True),
