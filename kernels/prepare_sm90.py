@@ -78,11 +78,6 @@ def _unit_lower_inverse(A, bt_smem, d_inv_t_smem):
 
 
 @gluon.jit
-def _store_rows(ptr, x, row0, n_rows, row_stride, layout: gl.constexpr):
-    store_rows(ptr, gl.convert_layout(x, layout), row0, n_rows, row_stride)
-
-
-@gluon.jit
 def _serve_value_head(i_hv, k_smem, v, v_smem, tf32_smem, log_rq, log_rk, g, beta, A_log, dt_bias, flags, w, u, gam,
                       qg, kg, start, n_rows, HV, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
                       GATING: gl.constexpr):
@@ -124,13 +119,13 @@ def _serve_value_head(i_hv, k_smem, v, v_smem, tf32_smem, log_rq, log_rk, g, bet
     Tu = (Tc * gl.expand_dims(beta_cols, 0)).to(dtype)
     w_acc = warpgroup_mma(gl.convert_layout(Tw, gl.DotOperandLayout(0, mma_tk, 2)), k_smem,
                           gl.zeros([BT, K], gl.float32, mma_tk), use_acc=False)
-    _store_rows(w + i_hv * K, w_acc.to(dtype), start, n_rows, HV * K, load_k)
+    store_rows(w + i_hv * K, gl.convert_layout(w_acc.to(dtype), load_k), start, n_rows, HV * K)
     async_copy.wait_group(0)
     fence_async_shared()
     gl.thread_barrier()
     u_acc = warpgroup_mma(gl.convert_layout(Tu, gl.DotOperandLayout(0, mma_tv, 2)), v_smem,
                           gl.zeros([BT, V], gl.float32, mma_tv), use_acc=False)
-    _store_rows(u + i_hv * V, u_acc.to(dtype), start, n_rows, HV * V, load_v)
+    store_rows(u + i_hv * V, gl.convert_layout(u_acc.to(dtype), load_v), start, n_rows, HV * V)
 
 
 @gluon.jit
