@@ -65,9 +65,13 @@ def _assert_bitwise(scenarios):
 
 
 def test_5000_alone_small_batch_64_sequences():
+    """With specs/qwen35.yaml's varlen bf16 variants on 132 SMs the batches take three different scans: alone
+    the warp-specialised one at BV 32 (128 programs), beside one other the warp-specialised one at BV 64 (128
+    programs), among three or 64 the 8-warp BV 128 one."""
     others = [int(x) for x in torch.randint(100, 3000, (63,), generator=torch.Generator().manual_seed(3))]
     _assert_bitwise([
         ("alone", _run([5000], 0)),
+        ("before 700", _run([5000, 700], 0)),
         ("after 3000, before 700", _run([3000, 5000, 700], 1)),
         ("17th of 64", _run(others[:17] + [5000] + others[17:], 17)),
     ])
