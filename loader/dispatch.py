@@ -13,6 +13,8 @@ For each configuration the rows are the shape classes of the two-kernel route (g
                smallest BV first, bound "le" 1 / (V / BV): the batch fits one wave of one program an SM;
   small_batch  (spec: small_batch_BV) bound "lt" small_batch_factor: few programs, a finer V split;
   default      no bound: default_BV (or the largest built BV);
+less any row an earlier one covers on every SM count (specs/qwen35.yaml's sm_90a small_batch, factor 1/2, where
+the BV 64 single-wave row, le 1/2, exists), which would never serve a batch;
 a spec routes classes to gdn_fused with `gdn_fused: {classes: [...]}`, and a configuration that only gdn_fused
 serves gets one unbounded fused row. Pure Python: the build imports it without the runtime, the runtime without
 the build.
@@ -89,7 +91,18 @@ def _two_kernel_rows(config: dict, prefs: dict, variants: dict, uses: dict) -> l
         rows.append(("small_batch", "lt", factor, kernels(key)))
     key = pick(variants, "gdn_scan", want, BV=scan["default_BV"], default_BV=scan["default_BV"])
     rows.append(("default", "any", Fraction(0), kernels(key)))
-    return rows
+    return [r for i, r in enumerate(rows) if not any(_covers(e, r) for e in rows[:i])]
+
+
+def _covers(earlier: tuple, row: tuple) -> bool:
+    """Whether an earlier row takes every batch `row` would on every SM count, so that `row` never serves one
+    (rows are tried in order). With bounds le f: programs <= floor(sms f), lt f: programs <= ceil(sms f) - 1."""
+    (_, e_bound, e_limit, _), (_, bound, limit, _) = earlier, row
+    if e_bound == "any" or bound == "any":
+        return e_bound == "any"
+    if bound == "le" and e_bound == "lt":  # floor(s f) <= ceil(s g) - 1 for every s only when f < g
+        return limit < e_limit
+    return limit <= e_limit
 
 
 def build_table(prefs: dict, variants: dict, uses: dict) -> list[dict]:

@@ -63,15 +63,23 @@ def todays_rule(programs: int, sm_count: int) -> tuple[int, int]:
 
 
 def test_qwen35_rules_become_rows():
-    table = build_table(QWEN_SM90, qwen_sm90_variants(), USES)
+    """The single-wave rows, then small_batch, then default; a row that an earlier one covers on every SM count
+    is dropped: on sm_90a the BV 64 single-wave row (le 1/2) covers small_batch (lt 1/2) wherever the
+    warp-specialised scan is built, so small_batch stays only for the fixed-length batches, which have none."""
+    fixed = dict(variant("gdn_scan", bv, w, varlen=False) for bv, w in ((32, 4), (128, 8)))
+    table = build_table(QWEN_SM90, {**qwen_sm90_variants(), **fixed, **dict([variant("gdn_prepare", varlen=False)])},
+                        USES)
     rows = config_rows(table, config())
     assert [(r["class"], r["bound"], r["num"], r["den"], scan_bv(r)) for r in rows] == [
-        ("single_wave", "le", 1, 4, 32), ("single_wave", "le", 1, 2, 64), ("small_batch", "lt", 1, 2, 32),
-        ("default", "any", 0, 1, 128)]
-    assert [most_programs(r, 132) for r in rows] == [33, 66, 65, float("inf")]
+        ("single_wave", "le", 1, 4, 32), ("single_wave", "le", 1, 2, 64), ("default", "any", 0, 1, 128)]
+    assert [most_programs(r, 132) for r in rows] == [33, 66, float("inf")]
     assert all(r["route"] == "prepare_scan" and r["kernels"]["gdn_prepare"].startswith("gdn_prepare.") for r in rows)
-    assert ".w16s1" in rows[0]["kernels"]["gdn_scan"] and ".w4s1" in rows[2]["kernels"]["gdn_scan"]
-    assert len(table) == 8  # both state layouts
+    assert ".w16s1" in rows[0]["kernels"]["gdn_scan"] and ".w8s1" in rows[2]["kernels"]["gdn_scan"]
+    fixed_rows = config_rows(table, config(varlen=False))
+    assert [(r["class"], r["bound"], r["num"], r["den"], scan_bv(r)) for r in fixed_rows] == [
+        ("small_batch", "lt", 1, 2, 32), ("default", "any", 0, 1, 128)]
+    assert ".w4s1" in fixed_rows[0]["kernels"]["gdn_scan"] and most_programs(fixed_rows[0], 132) == 65
+    assert len(table) == 8  # both state layouts (3 rows each), and the fixed-length batches
 
 
 @pytest.mark.parametrize("sm_count", SMS)
@@ -91,20 +99,22 @@ def test_missing_variants_fall_back_like_pick():
     for w in (4, 16):
         del variants[f"gdn_scan.sm_90a.bf16.k128v128.bt64bk128bv32.varlen.kv.w{w}s1"]
     rows = build_table(QWEN_SM90, variants, USES)
-    assert [(r["class"], scan_bv(r)) for r in rows] == [("single_wave", 64), ("small_batch", 128), ("default", 128)]
+    assert [(r["class"], scan_bv(r)) for r in rows] == [("single_wave", 64), ("default", 128)]
     del variants["gdn_scan.sm_90a.bf16.k128v128.bt64bk128bv128.varlen.kv.w8s1"]
     rows = build_table(QWEN_SM90, variants, USES)
     assert [(r["class"], scan_bv(r), r["kernels"]["gdn_scan"].rsplit(".", 1)[1]) for r in rows] == [
-        ("single_wave", 64, "w16s1"), ("small_batch", 64, "w4s1"), ("default", 64, "w4s1")]
+        ("single_wave", 64, "w16s1"), ("default", 64, "w4s1")]
+    no_single_wave = {k: e for k, e in variants.items() if e["num_warps"] != 16}
+    assert [(r["class"], scan_bv(r)) for r in build_table(QWEN_SM90, no_single_wave, USES)] == [
+        ("small_batch", 64), ("default", 64)]
     assert [r["class"] for r in build_table({}, variants, USES)] == ["default"]  # no preferences: one row
 
 
 def test_fused_classes_and_fused_only_configurations():
     prefs = {**QWEN_SM90, "gdn_fused": {"classes": ["small_batch", "default"]}}
     rows = build_table(prefs, qwen_sm90_variants(transposes=(False,), fused=True), USES)
-    assert [(r["class"], r["route"]) for r in rows] == [
-        ("single_wave", "prepare_scan"), ("single_wave", "prepare_scan"), ("small_batch", "fused"),
-        ("default", "fused")]
+    assert [(r["class"], r["route"]) for r in rows] == [  # small_batch: covered by the BV 64 single-wave row
+        ("single_wave", "prepare_scan"), ("single_wave", "prepare_scan"), ("default", "fused")]
     assert set(rows[-1]["kernels"]) == {"gdn_fused"} and ".w16s1" in rows[-1]["kernels"]["gdn_fused"]
     # without a gdn_fused preference the two-kernel route keeps every class; a configuration only gdn_fused
     # serves (here the transposed layout) gets one unbounded fused row
@@ -131,7 +141,7 @@ def test_functional_axes_take_their_variants():
 
     plain, gating, bf16, both = (kernels(config(gating=g, state_dtype=s)) for g, s in (
         (False, "fp32"), (True, "fp32"), (False, "bf16"), (True, "bf16")))
-    assert [c for c, *_ in plain] == ["single_wave", "single_wave", "small_batch", "default"]
+    assert [c for c, *_ in plain] == ["single_wave", "single_wave", "default"]
     assert [c for c, *_ in bf16] == ["small_batch", "default"]  # no 16-warp bf16-state scan built
     assert all(".gating." in p and ".state-" not in s for _, p, s in gating)
     assert [s for *_, s in gating] == [s for *_, s in plain]
