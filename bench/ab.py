@@ -38,16 +38,17 @@ BT = 64
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def select_variants(variants: dict, family: str, warps: int | None) -> dict:
+def select_variants(variants: dict, family: str, warps: int | None, bv: int | None = None) -> dict:
     """{group: variant key} of a manifest's variants that the A/B compares: varlen bf16 variants of `family` with
-    `warps` warps (any when None); gdn_scan's with an fp32 [K, V] state and no checkpoints, one per BV (group BV),
-    gdn_prepare's one per warp count (group num_warps). Among variants of one group, the smallest key."""
+    `warps` warps and gdn_scan's BV `bv` (any when None); gdn_scan's with an fp32 [K, V] state and no checkpoints,
+    one per BV (group BV), gdn_prepare's one per warp count (group num_warps). Among variants of one group, the
+    smallest key."""
     out = {}
     for key, e in sorted(variants.items()):
         a = e["axes"]
         if e["kernel"] != family or not a["varlen"] or a["dtype"] != "bf16" or a.get("gating"):
             continue
-        if warps is not None and e["num_warps"] != warps:
+        if (warps is not None and e["num_warps"] != warps) or (bv is not None and a["BV"] != bv):
             continue
         if family == "gdn_scan" and (a["transpose"] or a["state_dtype"] != "fp32" or a["checkpoints"]):
             continue
@@ -142,7 +143,7 @@ def _line(label, names, ms, checks):
     return f"{label:<24} {times}  first/other {ratios} | {diffs}"
 
 
-def run(roots, family, warps, cases, reps, reference=False):
+def run(roots, family, warps, cases, reps, reference=False, bv=None):
     from gdn_aot.loader.runtime import Artifacts
 
     dev = torch.device("cuda")
@@ -150,7 +151,7 @@ def run(roots, family, warps, cases, reps, reference=False):
     roots, one_wave = zip(*(parse_root(r) for r in roots))
     sets = [Artifacts.for_device(dev, root=r) for r in roots]
     names = [os.path.basename(os.path.normpath(r)) + (":one_wave" if w else "") for r, w in zip(roots, one_wave)]
-    chosen = [select_variants(s.manifest.variants, family, warps) for s in sets]
+    chosen = [select_variants(s.manifest.variants, family, warps, bv) for s in sets]
     groups = sorted(set(chosen[0]).intersection(*chosen[1:]))
     if not groups:
         raise SystemExit(f"no {family} variant to compare: {[sorted(c) for c in chosen]} (groups per root)")
@@ -193,6 +194,8 @@ def main(argv=None):
                    "gdn_prepare grid; the first is the reference")
     p.add_argument("--family", choices=FAMILIES, default="gdn_scan")
     p.add_argument("--warps", type=int, default=None, help="only variants with this num_warps")
+    p.add_argument("--bv", type=int, default=None, help="gdn_scan: only variants with this BV (one launch a "
+                   "round, e.g. for ncu)")
     p.add_argument("--cases", default="1x8192,4096+4096,1x8192@64,1x65536")
     p.add_argument("--reps", type=int, default=30, help="alternating rounds (a third for the largest cases)")
     p.add_argument("--reference", action="store_true", help="gdn_scan: also each root's errors against the "
@@ -202,7 +205,7 @@ def main(argv=None):
         p.error("give at least two artifact roots")
     if not torch.cuda.is_available():
         p.error("needs a CUDA GPU")
-    run(args.roots, args.family, args.warps, parse_cases(args.cases), args.reps, args.reference)
+    run(args.roots, args.family, args.warps, parse_cases(args.cases), args.reps, args.reference, args.bv)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ def test_select_scan_variants_by_bv():
     # any warps: the smallest key of each BV
     assert ab.select_variants(VARIANTS, "gdn_scan", None) == {32: "scan.bv32.w16", 64: "scan.bv64.w16"}
     assert ab.select_variants(VARIANTS, "gdn_scan", 4) == {32: "scan.bv32.w4"}
+    assert ab.select_variants(VARIANTS, "gdn_scan", 16, bv=64) == {64: "scan.bv64.w16"}
     assert ab.select_variants(VARIANTS, "gdn_scan", 8) == {}
 
 
