@@ -54,6 +54,32 @@ def _run(lens, target, seed=0):
     return o[0, rows].clone(), ht[target].clone()
 
 
+def _run_fixed(batch, target, T=2000, seed=0):
+    """(o of sequence `target`, its final state) for a fixed-length batch [batch, T] whose target row has the same
+    inputs in every batch."""
+    import gdn_aot
+
+    gen = torch.Generator(device="cuda").manual_seed(2000 + batch)
+    own = torch.Generator(device="cuda").manual_seed(seed)
+
+    def draw(shape, g, kind):
+        if kind == "gate":
+            return -torch.nn.functional.softplus(torch.randn(shape, device="cuda", generator=g))
+        if kind == "beta":
+            return torch.rand(shape, device="cuda", generator=g)
+        x = torch.randn(shape, device="cuda", generator=g)
+        return x if kind == "state" else x.to(torch.bfloat16)
+
+    shapes = {"q": ((T, H, K), "x"), "k": ((T, H, K), "x"), "v": ((T, HV, V), "x"), "g": ((T, HV), "gate"),
+              "beta": ((T, HV), "beta"), "h0": ((HV, K, V), "state")}
+    x = {name: torch.stack([draw(shape, own if b == target else gen, kind) for b in range(batch)])
+         for name, (shape, kind) in shapes.items()}
+    o, ht = gdn_aot.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["h0"],
+                                           output_final_state=True, use_qk_l2norm_in_kernel=True)
+    torch.cuda.synchronize()
+    return o[target].clone(), ht[target].clone()
+
+
 def _assert_bitwise(scenarios):
     (name0, (o0, h0)), *rest = scenarios
     assert torch.isfinite(o0).all() and torch.isfinite(h0).all()
@@ -81,4 +107,14 @@ def test_65536_alone_and_beside_31x8192():
     _assert_bitwise([
         ("alone", _run([65536], 0)),
         ("beside 31 x 8192", _run([8192] * 16 + [65536] + [8192] * 15, 16)),
+    ])
+
+
+def test_fixed_length_alone_and_in_a_batch():
+    """Fixed-length batches [B, T] have no warp-specialised scan in specs/qwen35.yaml: alone (32 programs) the
+    target takes the small-batch 4-warp BV 32 scan, among three (96) and eight (256) the 8-warp BV 128 one."""
+    _assert_bitwise([
+        ("alone", _run_fixed(1, 0)),
+        ("second of three", _run_fixed(3, 1)),
+        ("last of eight", _run_fixed(8, 7)),
     ])
