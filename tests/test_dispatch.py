@@ -92,6 +92,24 @@ def test_table_keeps_the_rule_it_replaces(sm_count):
         assert got == todays_rule(programs, sm_count), (programs, r["class"])
 
 
+def test_a_row_is_dropped_only_when_an_earlier_one_covers_it_on_every_sm_count():
+    """_covers against brute force: row r never serves a batch after row e iff, on every SM count, e takes every
+    program count r would."""
+    from fractions import Fraction
+
+    from gdn_aot.loader.dispatch import _covers
+
+    limits = [Fraction(n, d) for n, d in ((1, 4), (1, 2), (2, 3), (1, 1), (2, 1))]
+    rows = [("any", Fraction(0))] + [(b, f) for b in ("le", "lt") for f in limits]
+
+    def most(bound, limit, sm_count):
+        return most_programs({"bound": bound, "num": limit.numerator, "den": limit.denominator}, sm_count)
+
+    for (eb, ef), (rb, rf) in itertools.product(rows, rows):
+        covered = all(most(rb, rf, s) <= most(eb, ef, s) for s in range(1, 400))
+        assert _covers(("", eb, ef, {}), ("", rb, rf, {})) == covered, ((eb, ef), (rb, rf))
+
+
 def test_missing_variants_fall_back_like_pick():
     """A preferred BV that did not compile: the row takes default_BV, else the largest built BV (among variants of
     one BV, the fewest warps)."""
