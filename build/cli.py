@@ -12,6 +12,7 @@ from .. import __version__
 from .manifest import MANIFEST, TSV, tsv
 from .spec import ARCH_CHOICES
 from ..loader.artifacts import Manifest, available_arches, sha256_file
+from ..loader.dispatch import SHAPE_CLASSES
 from ..loader.errors import GdnAotError
 
 EPILOG_BUILD = """\b
@@ -106,9 +107,19 @@ def _manifests(root: Path) -> list[Manifest]:
         _fail(str(e))
 
 
+def _classes(manifest) -> dict[str, list[str]]:
+    """key -> the shape classes of the dispatch table's rows that take the variant (in class order)."""
+    taken: dict[str, set] = {}
+    for row in manifest.dispatch.get("table", []):
+        for key in row["kernels"].values():
+            taken.setdefault(key, set()).add(row["class"])
+    return {key: [c for c in SHAPE_CLASSES if c in cs] for key, cs in taken.items()}
+
+
 def _rows(manifests) -> list[dict]:
     rows = []
     for m in manifests:
+        classes = _classes(m)
         for key, e in m.variants.items():
             a, res = e["axes"], e.get("resources", {})
             rows.append({"arch": m.arch, "kernel": e["kernel"], "BT": a["BT"], "BK": a["BK"], "BV": a["BV"],
@@ -116,7 +127,8 @@ def _rows(manifests) -> list[dict]:
                          "state_dtype": a["state_dtype"], "gating": a["gating"], "checkpoints": a["checkpoints"],
                          "warps": e["num_warps"], "shared": e["shared"], "regs": res.get("registers"),
                          "spills": res.get("spill_stores", 0) + res.get("spill_loads", 0),
-                         "cubin_bytes": e["cubin"]["size"], "key": key, "status": "ok"})
+                         "cubin_bytes": e["cubin"]["size"], "classes": classes.get(key, []), "key": key,
+                         "status": "ok"})
         for key, log in m.failed.items():
             rows.append({"arch": m.arch, "key": key, "kernel": key.split(".")[0], "status": "failed",
                          "log": str(m.dir / log)})
@@ -141,7 +153,7 @@ def list_cmd(dir, as_json):
         click.echo(json.dumps(rows, indent=1))
         return
     head = f"{'arch':8} {'kernel':12} {'BT/BK/BV':12} {'dtype':5} {'varlen':6} {'transp':6} {'state':7} " \
-           f"{'options':8} {'warps':5} {'shared':>7} {'regs/spills':>11} {'cubin':>8}"
+           f"{'options':8} {'warps':5} {'shared':>7} {'regs/spills':>11} {'cubin':>8}  dispatch classes"
     click.secho(head, bold=True)
     for r in rows:
         if r["status"] == "failed":
@@ -150,12 +162,15 @@ def list_cmd(dir, as_json):
         spill = click.style(f"{r['regs']}/{r['spills']}".rjust(11), fg="red" if r["spills"] else None)
         click.echo(f"{r['arch']:8} {click.style(r['kernel'].ljust(12), fg='cyan')} "
                    f"{r['BT']}/{r['BK']}/{r['BV']:<6} {r['dtype']:5} {str(r['varlen']):6} {str(r['transpose']):6} "
-                   f"{r['state_dtype']:7} {_options(r):8} {r['warps']:5} {r['shared']:7} {spill} {r['cubin_bytes']:8}")
+                   f"{r['state_dtype']:7} {_options(r):8} {r['warps']:5} {r['shared']:7} {spill} {r['cubin_bytes']:8}  "
+                   f"{','.join(r['classes']) or '-'}")
     ok = [r for r in rows if r["status"] == "ok"]
     failed = len(rows) - len(ok)
     per_arch = ", ".join(f"{a}: {sum(r['arch'] == a for r in ok)}" for a in dict.fromkeys(r["arch"] for r in rows))
     spilling = sum(bool(r["spills"]) for r in ok)
-    click.secho(f"{len(ok)} variants built ({per_arch}), {failed} failed, {spilling} spilling",
+    unused = sum(not r["classes"] for r in ok)
+    click.secho(f"{len(ok)} variants built ({per_arch}), {failed} failed, {spilling} spilling, {unused} taken by no "
+                "dispatch row",
                 fg="red" if failed else ("yellow" if spilling else "green"))
 
 

@@ -76,6 +76,12 @@ def test_cli_list_and_inspect(tiny_build):
     assert sorted(v["arches"]) == sorted(ARCHES)
     r = run_cli("list", tiny_build.out)
     assert f"{len(built)} variants built" in r.stdout
+    # the dispatch classes that take each variant: tiny.yaml also builds variants for the SASS checks only
+    unused = [row["key"] for row in built if not row["classes"]]
+    assert f"{len(unused)} taken by no dispatch row" in r.stdout and any(k.startswith("gdn_fused.") for k in unused)
+    sm90 = {row["key"]: row["classes"] for row in built if row["arch"] == "sm_90a"}
+    assert sm90["gdn_scan.sm_90a.bf16.k128v128.bt64bk128bv64.varlen.kv.w16s1"] == ["single_wave"]
+    assert sm90["gdn_scan.sm_90a.bf16.k128v128.bt64bk128bv32.varlen.kv.w4s1"] == ["default"]
 
 
 def test_cli_spec_error(tmp_path):
