@@ -104,8 +104,8 @@ def test_long_sequences_qwen_heads():
 
 @pytest.mark.parametrize("transpose", [False, True])
 def test_every_dispatch_row(transpose, monkeypatch):
-    """Each row of the configuration with checkpoints (the sm_90a artifacts: the warp-specialised scan at BV 32
-    and 64, BV 32, BV 128), forced on one batch: every variant writes the same checkpoints."""
+    """Each row of the configuration with checkpoints (specs/qwen35.yaml's sm_90a artifacts: the warp-specialised
+    scan at BV 32 and 64, the 8-warp BV 128 one), forced on one batch: every variant writes the same checkpoints."""
     from gdn_aot.loader import Artifacts
 
     arts = Artifacts.for_device(torch.cuda.current_device())
