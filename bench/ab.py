@@ -4,7 +4,6 @@ in alternation (timing.timed_alternating, so that clock drift reaches every set 
 
     python3 bench/ab.py ROOT_A ROOT_B [ROOT_C ...] --family gdn_scan --cases 1x8192,4096+4096,1x65536@32
     python3 bench/ab.py ROOT_A ROOT_B --family gdn_prepare --warps 16 --cases 1x8192,32x8192
-    python3 bench/ab.py ROOT ROOT:one_wave --family gdn_prepare --warps 16
 
 A root is what `gdn-aot build SPEC --arch sm_90 --out ROOT` wrote; a spec with only the variants compared builds
 in seconds (for gdn_scan, add a varlen bf16 gdn_prepare: the scan's inputs come from it). Compared are each root's
@@ -15,11 +14,7 @@ gdn_prepare with the most warps. H = 16, K = V = 128, q and k L2-normed in the k
 over it (> 1: faster than the first), and each output's max |diff| / max |first root's|, whether all outputs are
 bitwise equal, and their NaN count; with --reference (gdn_scan), also each root's o and final state against the
 reference forward (tests/reference.py: fp64 recurrence for small cases, fp32 chunked on the GPU for large ones), as
-max |diff| / max |reference|. A root named ROOT:one_wave launches its gdn_prepare on a grid of one wave,
-(min(chunk slots x H, SMs), 1, 1), instead of the chunk-parallel (chunk slots, H, 1): for the warp-specialised,
-persistent kernel, whose programs past the SM count only start and end, and only where it counts its chunk slots
-from the arguments rather than from the grid (else its outputs stay NaN, which the comparison shows). Needs a CUDA
-GPU; select_variants, compare and parse_root run anywhere.
+max |diff| / max |reference|. Needs a CUDA GPU; select_variants and compare run anywhere.
 """
 from __future__ import annotations
 
@@ -54,14 +49,6 @@ def select_variants(variants: dict, family: str, warps: int | None, bv: int | No
             continue
         out.setdefault(a["BV"] if family == "gdn_scan" else e["num_warps"], key)
     return out
-
-
-def parse_root(arg: str) -> tuple[str, bool]:
-    """(artifact root, whether its gdn_prepare runs on a one-wave grid) of a root argument (ROOT or ROOT:one_wave)."""
-    root, sep, grid = arg.rpartition(":")
-    if sep and grid == "one_wave":
-        return root, True
-    return arg, False
 
 
 def compare(outputs: list, first: list) -> tuple[list[float], bool, int]:
@@ -101,15 +88,11 @@ class Inputs:
                 torch.full((T, HV, V), float("nan"), device=dev, dtype=torch.bfloat16),
                 *(torch.full((T, HV), float("nan"), device=dev) for _ in range(3))]
 
-    def prepare_call(self, kernel, outs, stream, one_wave=False):
-        """A no-argument launch of gdn_prepare `kernel` writing w, u, gam, qg, kg into `outs` (on a one-wave grid:
-        parse_root)."""
+    def prepare_call(self, kernel, outs, stream):
+        """A no-argument launch of gdn_prepare `kernel` writing w, u, gam, qg, kg into `outs`."""
         from gdn_aot.kernels import PREPARE_L2NORM
 
         grid = (self.T // BT + self.N, H, 1)
-        if one_wave:
-            sms = torch.cuda.get_device_properties(self.q.device).multi_processor_count
-            grid = (min(grid[0] * H, sms), 1, 1)
         scratch = torch.empty(max(kernel.scratch_bytes(grid), 1), device=self.q.device, dtype=torch.uint8)
         ptrs = [t.data_ptr() for t in outs]
 
@@ -148,9 +131,8 @@ def run(roots, family, warps, cases, reps, reference=False, bv=None):
 
     dev = torch.device("cuda")
     stream = torch.cuda.current_stream().cuda_stream
-    roots, one_wave = zip(*(parse_root(r) for r in roots))
     sets = [Artifacts.for_device(dev, root=r) for r in roots]
-    names = [os.path.basename(os.path.normpath(r)) + (":one_wave" if w else "") for r, w in zip(roots, one_wave)]
+    names = [os.path.basename(os.path.normpath(r)) for r in roots]
     chosen = [select_variants(s.manifest.variants, family, warps, bv) for s in sets]
     groups = sorted(set(chosen[0]).intersection(*chosen[1:]))
     if not groups:
@@ -164,17 +146,17 @@ def run(roots, family, warps, cases, reps, reference=False, bv=None):
         if family == "gdn_scan":
             if not prep:
                 raise SystemExit(f"{roots[0]} has no varlen bf16 gdn_prepare to make the scan's inputs")
-            x.prepare_call(sets[0].kernel(prep[max(prep)]), prepared, stream, one_wave[0])()
+            x.prepare_call(sets[0].kernel(prep[max(prep)]), prepared, stream)()
         for group in groups:
             calls, outs = [], []
-            for s, c, wave in zip(sets, chosen, one_wave):
+            for s, c in zip(sets, chosen):
                 kernel = s.kernel(c[group])
                 if family == "gdn_scan":
                     out = [torch.full_like(x.v, float("nan")), torch.full_like(x.h0, float("nan"))]
                     calls.append(x.scan_call(kernel, group, prepared, out, stream))
                 else:
                     out = x.prepare_outputs()
-                    calls.append(x.prepare_call(kernel, out, stream, wave))
+                    calls.append(x.prepare_call(kernel, out, stream))
                 calls[-1]()
                 outs.append(out)
             torch.cuda.synchronize()
@@ -190,8 +172,7 @@ def run(roots, family, warps, cases, reps, reference=False, bv=None):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("roots", nargs="+", help="artifact roots (gdn-aot build --out), ROOT:one_wave for a one-wave "
-                   "gdn_prepare grid; the first is the reference")
+    p.add_argument("roots", nargs="+", help="artifact roots (gdn-aot build --out); the first is the reference")
     p.add_argument("--family", choices=FAMILIES, default="gdn_scan")
     p.add_argument("--warps", type=int, default=None, help="only variants with this num_warps")
     p.add_argument("--bv", type=int, default=None, help="gdn_scan: only variants with this BV (one launch a "

@@ -85,10 +85,3 @@ def test_reference_errors():
     off[0, 3, 1, 2] += 0.5 * o.abs().max()
     (eo, eh), (eo2, eh2) = ab.reference_errors((o, ht), [(o, ht), (off.bfloat16(), ht)])
     assert eo == eh == eh2 == 0.0 and 0.49 < eo2 < 0.51
-
-
-def test_parse_root():
-    """ROOT:one_wave asks for a one-wave gdn_prepare grid; any other colon belongs to the path."""
-    assert ab.parse_root("/a/abG") == ("/a/abG", False)
-    assert ab.parse_root("/a/abG:one_wave") == ("/a/abG", True)
-    assert ab.parse_root("/a/b:c") == ("/a/b:c", False)
