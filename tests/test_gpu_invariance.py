@@ -24,59 +24,51 @@ def _promised():
                     "invariance is promised")
 
 
+def _inputs(T, n_states, gen):
+    """q, k, v [T, heads, 128] bf16, g, beta [T, HV] and n_states initial states [HV, K, V], drawn from `gen`."""
+    def randn(*shape):
+        return torch.randn(*shape, device="cuda", generator=gen)
+
+    return {"q": randn(T, H, K).bfloat16(), "k": randn(T, H, K).bfloat16(), "v": randn(T, HV, V).bfloat16(),
+            "g": -torch.nn.functional.softplus(randn(T, HV)), "beta": torch.rand(T, HV, device="cuda", generator=gen),
+            "h0": randn(n_states, HV, K, V)}
+
+
+def _forward(x, cu_seqlens=None):
+    """(o, final states) of the inputs `x` (_inputs' names, batched)."""
+    import gdn_aot
+
+    o, ht = gdn_aot.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["h0"],
+                                           output_final_state=True, cu_seqlens=cu_seqlens,
+                                           use_qk_l2norm_in_kernel=True)
+    torch.cuda.synchronize()
+    return o, ht
+
+
 def _run(lens, target, seed=0):
     """(o rows of sequence `target`, its final state) for a varlen batch of `lens`; the target's inputs are the
     same in every batch (drawn from their own seed), the others' are drawn per batch."""
-    import gdn_aot
-
-    gen = torch.Generator(device="cuda").manual_seed(1000 + len(lens))
-    T = sum(lens)
-    q = torch.randn(1, T, H, K, device="cuda", generator=gen, dtype=torch.bfloat16)
-    k = torch.randn(1, T, H, K, device="cuda", generator=gen, dtype=torch.bfloat16)
-    v = torch.randn(1, T, HV, V, device="cuda", generator=gen, dtype=torch.bfloat16)
-    g = -torch.nn.functional.softplus(torch.randn(1, T, HV, device="cuda", generator=gen))
-    beta = torch.rand(1, T, HV, device="cuda", generator=gen)
-    h0 = torch.randn(len(lens), HV, K, V, device="cuda", generator=gen)
-    own = torch.Generator(device="cuda").manual_seed(seed)
-    n = lens[target]
+    x = _inputs(sum(lens), len(lens), torch.Generator(device="cuda").manual_seed(1000 + len(lens)))
+    own = _inputs(lens[target], 1, torch.Generator(device="cuda").manual_seed(seed))
     start = sum(lens[:target])
-    rows = slice(start, start + n)
-    q[0, rows] = torch.randn(n, H, K, device="cuda", generator=own).to(torch.bfloat16)
-    k[0, rows] = torch.randn(n, H, K, device="cuda", generator=own).to(torch.bfloat16)
-    v[0, rows] = torch.randn(n, HV, V, device="cuda", generator=own).to(torch.bfloat16)
-    g[0, rows] = -torch.nn.functional.softplus(torch.randn(n, HV, device="cuda", generator=own))
-    beta[0, rows] = torch.rand(n, HV, device="cuda", generator=own)
-    h0[target] = torch.randn(HV, K, V, device="cuda", generator=own)
+    rows = slice(start, start + lens[target])
+    for name in ("q", "k", "v", "g", "beta"):
+        x[name][rows] = own[name]
+        x[name] = x[name][None]
+    x["h0"][target] = own["h0"][0]
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
-    o, ht = gdn_aot.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True,
-                                           cu_seqlens=cu, use_qk_l2norm_in_kernel=True)
-    torch.cuda.synchronize()
+    o, ht = _forward(x, cu)
     return o[0, rows].clone(), ht[target].clone()
 
 
 def _run_fixed(batch, target, T=2000, seed=0):
     """(o of sequence `target`, its final state) for a fixed-length batch [batch, T] whose target row has the same
     inputs in every batch."""
-    import gdn_aot
-
     gen = torch.Generator(device="cuda").manual_seed(2000 + batch)
     own = torch.Generator(device="cuda").manual_seed(seed)
-
-    def draw(shape, g, kind):
-        if kind == "gate":
-            return -torch.nn.functional.softplus(torch.randn(shape, device="cuda", generator=g))
-        if kind == "beta":
-            return torch.rand(shape, device="cuda", generator=g)
-        x = torch.randn(shape, device="cuda", generator=g)
-        return x if kind == "state" else x.to(torch.bfloat16)
-
-    shapes = {"q": ((T, H, K), "x"), "k": ((T, H, K), "x"), "v": ((T, HV, V), "x"), "g": ((T, HV), "gate"),
-              "beta": ((T, HV), "beta"), "h0": ((HV, K, V), "state")}
-    x = {name: torch.stack([draw(shape, own if b == target else gen, kind) for b in range(batch)])
-         for name, (shape, kind) in shapes.items()}
-    o, ht = gdn_aot.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["h0"],
-                                           output_final_state=True, use_qk_l2norm_in_kernel=True)
-    torch.cuda.synchronize()
+    rows = [_inputs(T, 1, own if b == target else gen) for b in range(batch)]
+    x = {name: (torch.cat if name == "h0" else torch.stack)([r[name] for r in rows]) for name in rows[0]}
+    o, ht = _forward(x)
     return o[target].clone(), ht[target].clone()
 
 
