@@ -49,7 +49,8 @@ from triton.experimental.gluon.language.nvidia.blackwell import (TensorMemoryLay
 from .common import (SCAN_HAS_H0, SCAN_STORE_HT, SCAN_USE_INDICES, Checkpoints, causal_decay_bitmask,
                      chunk_row_scalings, issue_chunk_loads, load_state_tile, mbarriers, row_tile_desc,
                      sequence_bounds, store_tmem_state)
-from .scan_sm100_ws import RowData, operands_ready, scan_chunks_warp_specialized, store_chunk_output
+from .scan_sm90_ws import RowData
+from .scan_sm100_ws import operands_ready, scan_chunks_warp_specialized, store_chunk_output
 
 
 

@@ -3,7 +3,7 @@
 The sm_100a counterpart of scan_sm90_ws.py: same program, grid, arguments and math as scan_sm100.py (steps 4-5
 of docs/algorithm.md), one program per (sequence, value head, V tile) walking the chunks in order, meant for
 batches whose grid fits one wave. What the single-partition kernel does in sequence is split between partitions
-that meet at mbarriers over two-slot rings (fused_sm90.SlotBarriers; slot c % 2, phase (c // 2) & 1):
+that meet at mbarriers over two-slot rings (scan_sm90_ws.TileRing; slot c % 2, phase (c // 2) & 1):
   * state (the default partition, 4 warps): the serial chain h -> w h -> v_new = u - w h -> h = e^gam_last h +
     k^T v_dec and nothing else. h [K, BV] fp32 stays in tensor memory (TMEM, K rows on the 128 lanes) as the
     accumulator of the k^T v_dec update, as in scan_sm100.py; once a chunk it passes through registers in [K, 64]
@@ -35,87 +35,20 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.blackwell import (TensorMemoryLayout, allocate_tensor_memory,
                                                                   fence_async_shared, get_tmem_reg_layout,
                                                                   mbarrier, tcgen05_commit, tcgen05_mma, tma)
-from triton.language.core import _aggregate as aggregate
 
-from .common import causal_decay_bitmask, chunk_row_scalings, chunk_rows, mbarriers
+from .common import causal_decay_bitmask, chunk_row_scalings, mbarriers
 from .fused_sm90 import NUM_SLOTS, SlotBarriers
+from .scan_sm90_ws import ScanRings, TileRing, load_partition
 
 OUTPUT_REGS = gl.constexpr(152)
 LOAD_REGS = gl.constexpr(24)
 ROW_SKIP = gl.constexpr(0x7FFFFFFF)  # async_scatter row offset that the TMA unit skips (out of range)
 
 
-@aggregate
-class TileRing:
-    """A ring of NUM_SLOTS tiles [NUM_SLOTS, ...] and its ready / empty barriers."""
-    tiles: gl.shared_memory_descriptor
-    bars: SlotBarriers
-
-    @gluon.constexpr_function
-    def __init__(self, tiles, bars):
-        self.tiles = tiles
-        self.bars = bars
-
-    @gluon.jit
-    def of_tiles(desc, consumers: gl.constexpr):
-        """A ring of the TMA descriptor's tiles (in its layout), filled by one producer."""
-        BR: gl.constexpr = desc.block_type.shape[0]
-        BC: gl.constexpr = desc.block_type.shape[1]
-        return TileRing(gl.allocate_shared_memory(desc.block_type.element_ty, [NUM_SLOTS, BR, BC], desc.layout),
-                        SlotBarriers.make(1, consumers))
-
-    @gluon.jit
-    def slot(self, c):
-        return self.tiles.index(c % NUM_SLOTS)
-
-    @gluon.jit
-    def release_when_read(self, c):
-        """The slot of chunk c goes back to its producer once the MMAs issued so far have completed."""
-        tcgen05_commit(self.bars.empty.index(c % NUM_SLOTS))
-
-
-@aggregate
-class ScanRings:
-    """The rings between the partitions (module docstring); k's [NUM_SLOTS, BT, K] tiles land with q's, on the
-    q ring's barriers."""
-    q: TileRing
-    k: gl.shared_memory_descriptor
-    w: TileRing
-    u: TileRing
-    h: TileRing
-    v_new: TileRing
-
-    @gluon.constexpr_function
-    def __init__(self, q, k, w, u, h, v_new):
-        self.q = q
-        self.k = k
-        self.w = w
-        self.u = u
-        self.h = h
-        self.v_new = v_new
-
-
-@aggregate
-class RowData:
-    """Where the chunks' per-row data (gdn_prepare's gam, qg, kg) of the program's value head start, and the
-    sequence's length."""
-    gam: gl.tensor
-    qg: gl.tensor
-    kg: gl.tensor
-    seq_len: gl.tensor
-    HV: gl.tensor
-
-    @gluon.constexpr_function
-    def __init__(self, gam, qg, kg, seq_len, HV):
-        self.gam = gam
-        self.qg = qg
-        self.kg = kg
-        self.seq_len = seq_len
-        self.HV = HV
-
-    @gluon.jit
-    def chunk(self, c, BT: gl.constexpr, rows_layout: gl.constexpr, cols_layout: gl.constexpr):
-        return chunk_rows(self.gam, self.qg, self.kg, c, self.seq_len, self.HV, BT, rows_layout, cols_layout)
+@gluon.jit
+def release_when_read(ring, c):
+    """The slot of chunk c goes back to its producer once the MMAs issued so far have completed."""
+    tcgen05_commit(ring.bars.empty.index(c % NUM_SLOTS))
 
 
 @gluon.jit
@@ -145,25 +78,6 @@ def store_chunk_output(o, o_smem, o_desc, o_all_desc, c, n_rows, bos, o_col):
 
 
 @gluon.jit
-def _load_partition(rings, q_desc, k_desc, w_desc, u_desc, n_chunks):
-    """q, k, w, u of every chunk into their rings."""
-    BT: gl.constexpr = q_desc.block_type.shape[0]
-    for c in range(n_chunks):
-        row = c * BT
-        rings.q.bars.wait_empty(c)
-        qk_ready = rings.q.bars.ready_bar(c)
-        mbarrier.expect(qk_ready, q_desc.block_type.nbytes + k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [row, 0], qk_ready, rings.q.slot(c))
-        tma.async_copy_global_to_shared(k_desc, [row, 0], qk_ready, rings.k.index(c % NUM_SLOTS))
-        rings.w.bars.wait_empty(c)
-        mbarrier.expect(rings.w.bars.ready_bar(c), w_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(w_desc, [row, 0], rings.w.bars.ready_bar(c), rings.w.slot(c))
-        rings.u.bars.wait_empty(c)
-        mbarrier.expect(rings.u.bars.ready_bar(c), u_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(u_desc, [row, 0], rings.u.bars.ready_bar(c), rings.u.slot(c))
-
-
-@gluon.jit
 def _output_partition(parity, rings, tmem, bars, p_smem, o_smem, o_desc, o_all_desc, row_data, bos, o_col,
                       n_chunks, scale):
     """Outputs of the chunks c = parity, parity + 2, ...: two of these partitions take turns. tmem: q h and
@@ -185,8 +99,8 @@ def _output_partition(parity, rings, tmem, bars, p_smem, o_smem, o_desc, o_all_d
         rings.h.bars.wait_ready(c)
         tcgen05_mma(q_s, rings.h.slot(c), qh_tmem, use_acc=False)
         tcgen05_commit(bars.index(0))
-        rings.q.release_when_read(c)
-        rings.h.release_when_read(c)
+        release_when_read(rings.q, c)
+        release_when_read(rings.h, c)
         decay = causal_decay_bitmask(decay_rows, kg_c, n_rows, STRICT=False)
         mbarrier.wait(bars.index(0), phase)
         p_smem.store((s_tmem.load(reg_tt) * decay).to(dtype))
@@ -194,7 +108,7 @@ def _output_partition(parity, rings, tmem, bars, p_smem, o_smem, o_desc, o_all_d
         rings.v_new.bars.wait_ready(c)
         tcgen05_mma(p_smem, rings.v_new.slot(c), s_tmem, use_acc=False)
         tcgen05_commit(bars.index(1))
-        rings.v_new.release_when_read(c)
+        release_when_read(rings.v_new, c)
         mbarrier.wait(bars.index(1), phase)
         o = qh_tmem.load(reg_tt) * gl.expand_dims(o_scale, 1) + s_tmem.load(reg_tt)
         store_chunk_output(o, o_smem, o_desc, o_all_desc, c, n_rows, bos, o_col)
@@ -229,8 +143,8 @@ def _state_partition(h_tmem, wh_tmem, bars, rings, v_dec_smem, row_data, n_chunk
         rings.w.bars.wait_ready(c)
         tcgen05_mma(rings.w.slot(c), rings.h.slot(c), wh_tmem, use_acc=False)
         tcgen05_commit(bars.index(0))
-        rings.w.release_when_read(c)
-        rings.h.release_when_read(c)
+        release_when_read(rings.w, c)
+        release_when_read(rings.h, c)
         # v_new = u - w h for the output partition; v_dec = e^(gam_last - kg) v_new for the update
         rings.u.bars.wait_ready(c)
         u = rings.u.slot(c).load(reg_tv).to(gl.float32)
@@ -245,7 +159,7 @@ def _state_partition(h_tmem, wh_tmem, bars, rings, v_dec_smem, row_data, n_chunk
         rings.q.bars.wait_ready(c)
         tcgen05_mma(rings.k.index(c % NUM_SLOTS).permute((1, 0)), v_dec_smem, h_tmem, use_acc=True)
         tcgen05_commit(bars.index(1))
-        rings.q.release_when_read(c)
+        release_when_read(rings.q, c)
         mbarrier.wait(bars.index(1), phase)
 
 
@@ -282,5 +196,5 @@ def scan_chunks_warp_specialized(h_tmem, h_ring_tiles, n_chunks, q_desc, k_desc,
                              o_all_desc, row_data, bos, o_col, n_chunks, scale)),
         (_output_partition, (1, rings, out1_tmem, mbarriers(2, 1), p_tiles.index(1), o_tiles.index(1), o_desc,
                              o_all_desc, row_data, bos, o_col, n_chunks, scale)),
-        (_load_partition, (rings, q_desc, k_desc, w_desc, u_desc, n_chunks)),
+        (load_partition, (rings, q_desc, k_desc, w_desc, u_desc, n_chunks)),
     ], [4, 4, 1], [OUTPUT_REGS, OUTPUT_REGS, LOAD_REGS])

@@ -27,7 +27,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from .common import (SCAN_HAS_H0, SCAN_STORE_HT, SCAN_USE_INDICES, Checkpoints, causal_decay, chunk_row_scalings,
                      chunk_rows, load_state_tile, mbarriers, row_tile_desc, sequence_bounds, store_state_tile,
                      wgmma_layout)
-from .scan_sm90_ws import scan_chunks_warp_specialized
+from .scan_sm90_ws import RowData, scan_chunks_warp_specialized
 
 
 @gluon.jit
@@ -185,8 +185,8 @@ def scan_kernel(q, k, w, u, gam, qg, kg, cu_seqlens, h0, ht, state_indices, o, s
                               BT, V, TRANSPOSE_STATE, CHECKPOINTS, HEAD_MAJOR=False)
 
     if WARP_SPECIALIZE:
-        h = scan_chunks_warp_specialized(h, n_chunks, seq_len, q_desc, k_desc, w_desc, u_desc, o_desc, gam_head,
-                                         qg_head, kg_head, HV, scale, checkpoints, i_v)
+        h = scan_chunks_warp_specialized(h, n_chunks, q_desc, k_desc, w_desc, u_desc, o_desc,
+                                         RowData(gam_head, qg_head, kg_head, seq_len, HV), scale, checkpoints, i_v)
     else:
         h = _scan_chunks(h, n_chunks, seq_len, q_desc, k_desc, w_desc, u_desc, o_desc, gam_head, qg_head,
                          kg_head, HV, scale, checkpoints, i_v)
