@@ -14,7 +14,9 @@ gdn_prepare with the most warps. H = 16, K = V = 128, q and k L2-normed in the k
 over it (> 1: faster than the first), and each output's max |diff| / max |first root's|, whether all outputs are
 bitwise equal, and their NaN count; with --reference (gdn_scan), also each root's o and final state against the
 reference forward (tests/reference.py: fp64 recurrence for small cases, fp32 chunked on the GPU for large ones), as
-max |diff| / max |reference|. Needs a CUDA GPU; select_variants and compare run anywhere.
+max |diff| / max |reference|. A kernel still running 30 s after its first launch is reported by name and ends
+the run (timing.finish_or_exit: a broken mbarrier protocol hangs, and would hang every later call too). Needs a
+CUDA GPU; select_variants and compare run anywhere.
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench import H, K, V, cu_tensors, make_inputs, parse_cases, rel_err  # noqa: E402
-from timing import timed_alternating  # noqa: E402
+from timing import finish_or_exit, timed_alternating  # noqa: E402
 
 FAMILIES = ("gdn_prepare", "gdn_scan")
 BT = 64
@@ -147,9 +149,10 @@ def run(roots, family, warps, cases, reps, reference=False, bv=None):
             if not prep:
                 raise SystemExit(f"{roots[0]} has no varlen bf16 gdn_prepare to make the scan's inputs")
             x.prepare_call(sets[0].kernel(prep[max(prep)]), prepared, stream)()
+            finish_or_exit(f"{names[0]} {prep[max(prep)]} on {case.id}")
         for group in groups:
             calls, outs = [], []
-            for s, c in zip(sets, chosen):
+            for name, s, c in zip(names, sets, chosen):
                 kernel = s.kernel(c[group])
                 if family == "gdn_scan":
                     out = [torch.full_like(x.v, float("nan")), torch.full_like(x.h0, float("nan"))]
@@ -158,8 +161,8 @@ def run(roots, family, warps, cases, reps, reference=False, bv=None):
                     out = x.prepare_outputs()
                     calls.append(x.prepare_call(kernel, out, stream))
                 calls[-1]()
+                finish_or_exit(f"{name} {c[group]} on {case.id}")
                 outs.append(out)
-            torch.cuda.synchronize()
             checks = [compare(o, outs[0]) for o in outs[1:]]
             ms = timed_alternating(calls, n_reps)
             label = f"{case.id} {'BV' if family == 'gdn_scan' else 'w'}{group}"

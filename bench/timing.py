@@ -1,8 +1,12 @@
 """Device time of calls, CUDA events around each, each call waited for (shared by the bench scripts that time
 kernels one at a time; bench.py times back-to-back calls and graph replays itself)."""
+import os
 import statistics
+import time
 
 import torch
+
+HANG_S = 30.0  # a first launch here takes milliseconds (a module load at most): one still running is stuck
 
 
 def _call_ms(fn):
@@ -38,3 +42,19 @@ def timed_alternating(fns, reps, warmup=2):
         for i in (range(len(fns)) if r % 2 == 0 else reversed(range(len(fns)))):
             times[i].append(_call_ms(fns[i]))
     return [statistics.median(t) for t in times]
+
+
+def finish_or_exit(what, limit_s=HANG_S):
+    """Wait for the work queued so far; if it is still running after limit_s, say so (naming `what`) and end the
+    process: a kernel whose mbarrier never completes a phase waits forever, and so would every later synchronize,
+    until the device host's time limit ends the whole call with nothing said. Ending the process tears down its
+    CUDA context, which stops the kernel."""
+    done = torch.cuda.Event()
+    done.record()
+    deadline = time.monotonic() + limit_s
+    while not done.query():
+        if time.monotonic() > deadline:
+            print(f"{what}: still running after {limit_s:.0f} s, taken for a hang (an mbarrier whose arrivals "
+                  "never complete a phase?); stopping", flush=True)
+            os._exit(3)
+        time.sleep(0.01)

@@ -1,6 +1,6 @@
 """bench/fused_ablate.py's CPU half: its ablations are text edits of kernels/fused_sm90.py, so each must still find
 what it cuts in the current kernel and leave valid Python that lacks exactly that; and bench/timing.py's
-alternating timer, with torch.cuda's events replaced by a clock that records what ran when."""
+alternating timer and hang guard, with torch.cuda's events replaced by a clock that records what ran when."""
 import ast
 import importlib.util
 import sys
@@ -95,3 +95,34 @@ def test_timed_alternating_alternates_and_takes_medians(monkeypatch):
     # equal costs come out equal: each fn's median is over calls spread alike across the run
     assert medians[0] == pytest.approx(medians[1])
     assert medians[2] == pytest.approx(medians[0] + 1.0, abs=0.005)
+
+
+def test_finish_or_exit_names_a_hung_kernel_and_ends(monkeypatch, capsys):
+    """A first launch still running after the limit is reported with what was launched, and the process ends (a
+    hung kernel would block every later synchronize); finished work returns at once."""
+    class Event:
+        done = False
+
+        def record(self):
+            pass
+
+        def query(self):
+            return Event.done
+
+    now = [0.0]
+    monkeypatch.setattr(timing.torch.cuda, "Event", Event)
+    monkeypatch.setattr(timing.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(timing.time, "sleep", lambda s: now.__setitem__(0, now[0] + s))
+
+    def exit_(code):
+        raise SystemExit(code)
+
+    monkeypatch.setattr(timing.os, "_exit", exit_)
+    Event.done = True
+    timing.finish_or_exit("abA gdn_scan w16 on 1x8192", limit_s=5)
+    assert now[0] == 0.0 and capsys.readouterr().out == ""
+    Event.done = False
+    with pytest.raises(SystemExit) as stop:
+        timing.finish_or_exit("abB gdn_scan w16 on 1x8192", limit_s=5)
+    assert stop.value.code == 3 and 5.0 < now[0] < 5.1
+    assert "abB gdn_scan w16 on 1x8192: still running after 5 s" in capsys.readouterr().out
