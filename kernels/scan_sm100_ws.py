@@ -155,7 +155,7 @@ def _state_partition(h_tmem, wh_tmem, bars, rings, v_dec_smem, row_data, n_chunk
         v_dec_smem.store((v_new * gl.expand_dims(v_dec_scale, 1)).to(dtype))
         operands_ready()  # also orders every warp's read of u before the TMA that refills its slot
         mbarrier.arrive(rings.v_new.bars.ready_bar(c), count=1)
-        mbarrier.arrive(rings.u.bars.empty.index(c % NUM_SLOTS), count=1)
+        rings.u.done_with(c)
         rings.q.bars.wait_ready(c)
         tcgen05_mma(rings.k.index(c % NUM_SLOTS).permute((1, 0)), v_dec_smem, h_tmem, use_acc=True)
         tcgen05_commit(bars.index(1))

@@ -58,8 +58,9 @@ class TileRing:
 
     @gluon.jit
     def done_with(self, c):
-        """One arrive on the empty barrier of chunk c's slot: its consumer (one thread for the partition, after
-        the wgmma or load that read the slot) is done with it."""
+        """One arrive on the empty barrier of chunk c's slot: its consumer (one thread for the partition, once
+        every warp's read of the slot is done: after the wgmma that read it, or a partition barrier) is done with
+        it."""
         mbarrier.arrive(self.bars.empty.index(c % NUM_SLOTS), count=1)
 
 
