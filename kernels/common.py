@@ -25,6 +25,7 @@ NEG_EIGVAL_MODE = gl.constexpr(8)
 SCAN_HAS_H0 = gl.constexpr(_SCAN_HAS_H0)
 SCAN_STORE_HT = gl.constexpr(_SCAN_STORE_HT)
 SCAN_USE_INDICES = gl.constexpr(_SCAN_USE_INDICES)
+LOG2E = gl.constexpr(1.4426950408889634)
 
 
 @constexpr_function
@@ -119,6 +120,15 @@ def sequence_bounds(i_n, cu_seqlens, T, IS_VARLEN: gl.constexpr):
 
 
 @gluon.jit
+def exp_ftz(x):
+    """e^x as gl.exp computes it (x times log2 e rounded to fp32, then the MUFU's 2^x), except that a result
+    below 2^-126 flushes to 0: gl.exp2 is ex2.approx.ftz, the MUFU instruction alone, where gl.exp's ex2.approx
+    adds a compare and two scalings for subnormal results (a quarter of the output partitions' decay
+    instructions). Every other result has gl.exp's bits."""
+    return gl.exp2(x * LOG2E)
+
+
+@gluon.jit
 def causal_decay(gam_rows, gam_cols, n_rows, STRICT: gl.constexpr):
     """M_ij = exp(gam_i - gam_j) on the (strictly) lower triangle of valid rows, else 0.
 
@@ -132,7 +142,7 @@ def causal_decay(gam_rows, gam_cols, n_rows, STRICT: gl.constexpr):
     else:
         keep = (i >= j) & (i < n_rows)
     diff = gl.expand_dims(gam_rows, 1) - gl.expand_dims(gam_cols, 0)
-    return gl.where(keep, gl.exp(gl.where(keep, diff, 0.0)), 0.0)
+    return gl.where(keep, exp_ftz(gl.where(keep, diff, 0.0)), 0.0)
 
 
 @gluon.jit
@@ -562,7 +572,7 @@ def causal_decay_bitmask(gam_rows, gam_cols, n_rows, STRICT: gl.constexpr):
     limit = gl.expand_dims(gl.where(i < n_rows, limit, 0), 1)
     diff = gl.expand_dims(gam_rows, 1) - gl.expand_dims(gam_cols, 0)
     masked = gl.map_elementwise(_bitmask_keep_scalar, diff, limit, (j >> 4) << 4, j & 15)
-    return gl.exp(masked)
+    return exp_ftz(masked)
 
 
 @gluon.jit

@@ -51,8 +51,9 @@ from triton.language.core import _aggregate as aggregate
 
 from . import FUSED_HAS_H0 as _HAS_H0, FUSED_L2NORM as _L2NORM, FUSED_STORE_HT as _STORE_HT
 from . import FUSED_GATE_IN_KERNEL as _GATE_IN_KERNEL, FUSED_USE_INDICES as _USE_INDICES
-from .common import (Checkpoints, GateSource, inverse_row_norms, load_state_tile, loop_variant, row_tile_desc,
-                     sequence_and_head, sequence_bounds, state_io_layout, store_state_tile, wgmma_layout)
+from .common import (LOG2E, Checkpoints, GateSource, inverse_row_norms, load_state_tile, loop_variant,
+                     row_tile_desc, sequence_and_head, sequence_bounds, state_io_layout, store_state_tile,
+                     wgmma_layout)
 
 L2NORM = gl.constexpr(_L2NORM)
 HAS_H0 = gl.constexpr(_HAS_H0)
@@ -65,7 +66,6 @@ AUX_REGS = gl.constexpr(104)
 LOAD_REGS = gl.constexpr(24)
 LOAD_WARPS = gl.constexpr(2)
 NORMS_WARPS = gl.constexpr(2)
-LOG2E = gl.constexpr(1.4426950408889634)
 STATE_WARPS = gl.constexpr(8)
 # programs numbered head-major (common.sequence_and_head): the kernel's own ids and its checkpoints' agree
 HEAD_MAJOR = gl.constexpr(True)
