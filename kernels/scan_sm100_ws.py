@@ -36,7 +36,7 @@ from triton.experimental.gluon.language.nvidia.blackwell import (TensorMemoryLay
                                                                   fence_async_shared, get_tmem_reg_layout,
                                                                   mbarrier, tcgen05_commit, tcgen05_mma, tma)
 
-from .common import causal_decay_bitmask, chunk_row_scalings, mbarriers
+from .common import causal_decay_bitmask, chunk_row_scalings, exp_ftz, mbarriers
 from .fused_sm90 import NUM_SLOTS, SlotBarriers
 from .scan_sm90_ws import ScanRings, TileRing, load_partition
 
@@ -130,14 +130,14 @@ def _state_partition(h_tmem, wh_tmem, bars, rings, v_dec_smem, row_data, n_chunk
     for c in range(n_chunks):
         phase = c & 1
         _, kg_r, _, gam_last = row_data.chunk(c, BT, rows_tv, gl.SliceLayout(0, reg_tv))
-        v_dec_scale = gl.exp(gam_last - kg_r)
+        v_dec_scale = exp_ftz(gam_last - kg_r)
         # h_c into the h ring (for w h here and q h there); e^gam_last h_c back into TMEM, where the update of
         # this chunk accumulates onto it
         rings.h.bars.wait_empty(c)
         h = h_tmem.load(reg_kv)
         checkpoints.store_after(h, c - 1, row_data.seq_len, i_v)
         rings.h.slot(c).store(h.to(dtype))
-        h_tmem.store(h * gl.exp(gam_last))
+        h_tmem.store(h * exp_ftz(gam_last))
         operands_ready()
         mbarrier.arrive(rings.h.bars.ready_bar(c), count=1)
         rings.w.bars.wait_ready(c)

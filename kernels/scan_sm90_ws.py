@@ -26,7 +26,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                                warpgroup_mma_wait)
 from triton.language.core import _aggregate as aggregate
 
-from .common import causal_decay, chunk_row_scalings, chunk_rows, wgmma_layout
+from .common import causal_decay, chunk_row_scalings, chunk_rows, exp_ftz, wgmma_layout
 from .fused_sm90 import NUM_SLOTS, SlotBarriers
 
 OUTPUT_REGS = gl.constexpr(160)
@@ -193,11 +193,11 @@ def _state_partition(h, rings, v_dec_smem, row_data, n_chunks, checkpoints, i_v)
         # v_new for the output partition, v_dec = e^(gam_last - kg) v_new for the state update
         rings.v_new.bars.wait_empty(c)
         rings.v_new.slot(c).store(v_new.to(dtype))
-        v_dec_smem.store((v_new * gl.expand_dims(gl.exp(gam_last - kg_r), 1)).to(dtype))
+        v_dec_smem.store((v_new * gl.expand_dims(exp_ftz(gam_last - kg_r), 1)).to(dtype))
         fence_async_shared()
         rings.v_new.bars.publish(c)
         rings.q.bars.wait_ready(c)
-        h = warpgroup_mma(rings.k.index(c % NUM_SLOTS).permute((1, 0)), v_dec_smem, h * gl.exp(gam_last))
+        h = warpgroup_mma(rings.k.index(c % NUM_SLOTS).permute((1, 0)), v_dec_smem, h * exp_ftz(gam_last))
         rings.q.done_with(c)
         checkpoints.store_after(h, c, row_data.seq_len, i_v)
     return (h, )
