@@ -233,11 +233,12 @@ class GateSource:
 
 
 @gluon.jit
-def chunk_gates(g, beta, gates, gam, qg, kg, i_hv, start, n_rows, HV, log_rq, log_rk, cols_layout: gl.constexpr):
+def chunk_gates(g, beta, gates, gam, qg, kg, i_hv, start, n_rows, HV, rows, log_rq, log_rk,
+                cols_layout: gl.constexpr):
     """The gates of value head i_hv over the chunk's rows (gdn_prepare, both arches): loads g and beta (through
     the head's GateSource where the variant computes them), writes gam = cumsum(g) and the log row scalings
-    qg = gam + ln rq, kg = gam - ln rk for gdn_scan, and returns gam in the row layout (log_rq's) and in
-    cols_layout, and beta in the row layout. Rows past n_rows read as 0. (The loads add the head's column last:
+    qg = gam + ln rq, kg = gam - ln rk for gdn_scan (row data of `rows` rows: row_data_start), and returns gam in
+    the row layout (log_rq's) and in cols_layout, and beta in the row layout. Rows past n_rows read as 0. (The loads add the head's column last:
     ptxas schedules the sm_90a gdn_prepare of the other association 23% slower, H200, 32 x 8192.)"""
     r = gl.arange(0, log_rq.shape[0], log_rq.type.layout)
     c = gl.arange(0, log_rq.shape[0], cols_layout)
@@ -246,9 +247,10 @@ def chunk_gates(g, beta, gates, gam, qg, kg, i_hv, start, n_rows, HV, log_rq, lo
     g_cols = gates.decay_of(gl.load(g + (start + c).to(gl.int64) * HV + i_hv, mask=c < n_rows, other=0.0), c < n_rows)
     beta_rows = gates.beta_of(gl.load(beta + offs_r, mask=r < n_rows, other=0.0), r < n_rows)
     gam_rows, gam_cols = chunk_cumsum(g_rows, g_cols)
-    gl.store(gam + offs_r, gam_rows, mask=r < n_rows)
-    gl.store(qg + offs_r, gam_rows + log_rq, mask=r < n_rows)
-    gl.store(kg + offs_r, gam_rows - log_rk, mask=r < n_rows)
+    dest = row_data_start(i_hv, start, rows) + r
+    gl.store(gam + dest, gam_rows, mask=r < n_rows)
+    gl.store(qg + dest, gam_rows + log_rq, mask=r < n_rows)
+    gl.store(kg + dest, gam_rows - log_rk, mask=r < n_rows)
     return gam_rows, gam_cols, beta_rows
 
 
@@ -326,7 +328,26 @@ def state_tile_offsets(slot, i_hv, i_v, HV, K: gl.constexpr, V: gl.constexpr, BV
 
 
 @gluon.jit
-def chunk_rows(gam_head, qg_head, kg_head, c, seq_len, HV, BT: gl.constexpr, rows_layout: gl.constexpr,
+def row_data_rows(T, num_seqs, IS_VARLEN: gl.constexpr):
+    """The rows of gdn_prepare's row data for gdn_scan (gam, qg, kg): T of a varlen batch, num_seqs * T of a
+    fixed-length one."""
+    rows = T.to(gl.int64)
+    if not IS_VARLEN:
+        rows = rows * num_seqs
+    return rows
+
+
+@gluon.jit
+def row_data_start(i_hv, row0, rows):
+    """Element offset of row row0 of value head i_hv in the row data, [HV, rows] fp32: head-major, so that a
+    chunk's rows of one value head are one contiguous 256-byte run. (Token-major, [rows, HV], each row of a
+    chunk is a 32-byte sector of its own, which the value heads fill piece by piece from different SMs: without
+    those stores the warp-specialised prepare ran 1.3x faster, H100.)"""
+    return i_hv.to(gl.int64) * rows + row0
+
+
+@gluon.jit
+def chunk_rows(gam_head, qg_head, kg_head, c, seq_len, BT: gl.constexpr, rows_layout: gl.constexpr,
                cols_layout: gl.constexpr):
     """Row data of chunk c from gdn_prepare, loaded straight into the layouts that use it: qg and kg
     (gam plus the log q/k row scalings) over the output rows, kg over the score columns, and gam of the
@@ -336,12 +357,11 @@ def chunk_rows(gam_head, qg_head, kg_head, c, seq_len, HV, BT: gl.constexpr, row
     n_rows = seq_len - c * BT
     r = gl.arange(0, BT, rows_layout)
     j = gl.arange(0, BT, cols_layout)
-    offs_r = (c * BT + r).to(gl.int64) * HV
-    qg_rows = gl.load(qg_head + offs_r, mask=r < n_rows, other=0.0)
-    kg_rows = gl.load(kg_head + offs_r, mask=r < n_rows, other=0.0)
-    kg_cols = gl.load(kg_head + (c * BT + j).to(gl.int64) * HV, mask=j < n_rows, other=0.0)
+    qg_rows = gl.load(qg_head + c * BT + r, mask=r < n_rows, other=0.0)
+    kg_rows = gl.load(kg_head + c * BT + r, mask=r < n_rows, other=0.0)
+    kg_cols = gl.load(kg_head + c * BT + j, mask=j < n_rows, other=0.0)
     last = gl.maximum(c * BT + gl.minimum(n_rows, BT) - 1, 0)
-    gam_last = gl.load(gam_head + last.to(gl.int64) * HV, mask=n_rows > 0, other=0.0)
+    gam_last = gl.load(gam_head + last, mask=n_rows > 0, other=0.0)
     return qg_rows, kg_rows, kg_cols, gam_last
 
 

@@ -46,14 +46,15 @@ from triton.experimental.gluon.language.nvidia.blackwell import (TensorMemoryLay
 
 from .common import (PREPARE_GATE_IN_KERNEL, PREPARE_L2NORM, GateSource,
                      causal_decay_bitmask, chunk_gates, inverse_row_norms,
-                     load_rows, loop_variant, mbarriers, row_load_layout, sequence_of_chunk_slot, token_major_desc)
+                     load_rows, loop_variant, mbarriers, row_data_rows, row_load_layout, sequence_of_chunk_slot,
+                     token_major_desc)
 from .inverse_sm100 import unit_lower_inverse
 from .prepare_sm100_ws import prepare_chunks_warp_specialized
 
 
 @gluon.jit
 def _serve_value_head(i_hv, j, v_phase, k_smem, v_smem, a_smem, bt_smem, row_vecs, v_bar, mma_bar, w_tmem, u_tmem,
-                      v_desc, w_desc, u_desc, gates, gam, qg, kg, start, n_rows, HV,
+                      v_desc, w_desc, u_desc, gates, gam, qg, kg, start, n_rows, HV, rows,
                       K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr):
     """Steps 1-3 of docs/algorithm.md for value head i_hv (j-th of its key head's group) of the chunk, from the
     key head's k in k_smem (row_vecs: the key head's log q/k row norms in rows 0, 1; rows 2, 3 are this
@@ -81,8 +82,8 @@ def _serve_value_head(i_hv, j, v_phase, k_smem, v_smem, a_smem, bt_smem, row_vec
     rows_l: gl.constexpr = gl.SliceLayout(1, reg_tt)
     cols_l: gl.constexpr = gl.SliceLayout(0, reg_tt)
     gam_rows, gam_cols, beta_rows = chunk_gates(gates.g, gates.beta, gates, gam, qg, kg, i_hv, start, n_rows, HV,
-                                                row_vecs.index(0).load(rows_l), row_vecs.index(1).load(rows_l),
-                                                cols_l)
+                                                rows, row_vecs.index(0).load(rows_l),
+                                                row_vecs.index(1).load(rows_l), cols_l)
     decay = causal_decay_bitmask(gam_rows, gam_cols, n_rows, STRICT=True)
     # the column scalings of Tw and Tu wait in shared memory, not in registers, while the inverse runs (as
     # column vectors they would pin 64 registers a thread across it); past the chunk they are 0 (beta = 0)
@@ -194,12 +195,14 @@ def _prepare_chunk(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, w, u, gam, qg, 
         fence_async_shared()  # the normalised k is visible to the tensor cores' async proxy
         gl.thread_barrier()  # ... and the log norms to every warp
 
+        rows = row_data_rows(T, num_seqs, IS_VARLEN)
         for j in range(group):
             i_hv = i_h * group + j
             gates = GateSource.make(g, beta, A_log, dt_bias, i_hv, flags, GATING, PREPARE_GATE_IN_KERNEL)
             _serve_value_head(i_hv, j, j & 1, k_smem, v_smem, a_smem, bt_smem, row_vecs,
                               bars.index(1), bars.index(2), w_tmem, u_tmem, v_desc, w_desc, u_desc,
-                              gates, gam, qg, kg, loop_variant(start, j), loop_variant(n_rows, j), HV, K, V, BT)
+                              gates, gam, qg, kg, loop_variant(start, j), loop_variant(n_rows, j), HV, rows, K, V,
+                              BT)
         tma.store_wait(0)
         gl.thread_barrier()
         for b in gl.static_range(3):

@@ -24,8 +24,8 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from .common import (PREPARE_GATE_IN_KERNEL, PREPARE_L2NORM, GateSource,
                      causal_decay, chunk_gates, chunk_tile_ptrs, diagonal_block_inverses,
-                     inverse_row_norms, load_rows, loop_variant, row_load_layout, row_mask, sequence_of_chunk_slot,
-                     store_rows, wgmma_layout)
+                     inverse_row_norms, load_rows, loop_variant, row_data_rows, row_load_layout, row_mask,
+                     sequence_of_chunk_slot, store_rows, wgmma_layout)
 from .prepare_sm90_ws import prepare_chunks_warp_specialized
 
 
@@ -79,7 +79,7 @@ def _unit_lower_inverse(A, bt_smem, d_inv_t_smem):
 
 @gluon.jit
 def _serve_value_head(i_hv, k_smem, v, v_smem, tf32_smem, log_rq, log_rk, g, beta, A_log, dt_bias, flags, w, u, gam,
-                      qg, kg, start, n_rows, HV, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
+                      qg, kg, start, n_rows, HV, rows, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
                       GATING: gl.constexpr):
     """Steps 1-3 of docs/algorithm.md for value head i_hv of the chunk, from the key head's k in k_smem."""
     dtype: gl.constexpr = v.dtype.element_ty
@@ -100,7 +100,7 @@ def _serve_value_head(i_hv, k_smem, v, v_smem, tf32_smem, log_rq, log_rk, g, bet
 
     # --- gates: gam = cumsum(g) and the log row scalings for gdn_scan; beta also as columns for Tw, Tu.
     gates = GateSource.make(g, beta, A_log, dt_bias, i_hv, flags, GATING, PREPARE_GATE_IN_KERNEL)
-    gam_rows, gam_cols, beta_rows = chunk_gates(g, beta, gates, gam, qg, kg, i_hv, start, n_rows, HV, log_rq,
+    gam_rows, gam_cols, beta_rows = chunk_gates(g, beta, gates, gam, qg, kg, i_hv, start, n_rows, HV, rows, log_rq,
                                                 log_rk, gl.SliceLayout(0, mma_tt))
     beta_cols = gates.beta_of(gl.load(beta + (start + c).to(gl.int64) * HV + i_hv, mask=c < n_rows, other=0.0),
                               c < n_rows)
@@ -174,7 +174,8 @@ def _prepare_chunk(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, w, u, gam, qg, 
         v_smem = gl.allocate_shared_memory(dtype, [BT, V], gl.NVMMASharedLayout.get_default_for([BT, V], dtype))
         f32_tt: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], gl.float32)
         tf32_smem = gl.allocate_shared_memory(gl.float32, [2, BT, BT], f32_tt)
+        rows = row_data_rows(T, num_seqs, IS_VARLEN)
         for j in range(group):
             _serve_value_head(i_h * group + j, k_smem, v, v_smem, tf32_smem, log_rq, log_rk, g, beta, A_log, dt_bias,
-                              flags, w, u, gam, qg, kg, loop_variant(start, j), loop_variant(n_rows, j), HV, K, V,
-                              BT, GATING)
+                              flags, w, u, gam, qg, kg, loop_variant(start, j), loop_variant(n_rows, j), HV, rows,
+                              K, V, BT, GATING)

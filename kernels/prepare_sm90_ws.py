@@ -32,8 +32,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.language.core import _aggregate as aggregate
 
 from . import PREPARE_L2NORM as _L2NORM
-from .common import (inverse_row_norms, loop_variant, sequence_of_chunk_slot, store_rows, token_major_desc,
-                     wgmma_layout)
+from .common import (inverse_row_norms, loop_variant, row_data_rows, row_data_start, sequence_of_chunk_slot,
+                     store_rows, token_major_desc, wgmma_layout)
 from .fused_sm90 import (LOG2E, NUM_SLOTS, InverseScratch, SlotBarriers, _add, _publish_gates, chunk_decay,
                          input_and_gate_rings, publish_key_norms)
 
@@ -109,16 +109,18 @@ class ItemTerms:
 @aggregate
 class ItemRows:
     """The writer's row terms of an item, [BT] in a layout that holds every row in every warp (so the cumsum is a
-    warp scan): the rows' element offsets in the [rows, HV] fp32 outputs, the mask of the item's own rows,
-    gam = cumsum(g) (natural log units, as gdn_scan reads it) and ln rq."""
+    warp scan): the rows' element offsets in g ([rows, HV] fp32) and in the row data (common.row_data_start),
+    the mask of the item's own rows, gam = cumsum(g) (natural log units, as gdn_scan reads it) and ln rq."""
     offs: gl.tensor
+    dest: gl.tensor
     live: gl.tensor
     gam: gl.tensor
     log_rq: gl.tensor
 
     @gluon.constexpr_function
-    def __init__(self, offs, live, gam, log_rq):
+    def __init__(self, offs, dest, live, gam, log_rq):
         self.offs = offs
+        self.dest = dest
         self.live = live
         self.gam = gam
         self.log_rq = log_rq
@@ -128,7 +130,7 @@ class ItemRows:
 class ItemOutputs:
     """Where the writer partition puts an item: its w and u tiles (a whole chunk by TMA store through the staging
     tiles, a sequence's partial last chunk by masked stores at w, u: the rows after it are the next sequence's),
-    and gam, qg, kg of its rows ([rows, HV] fp32)."""
+    and gam, qg, kg of its rows (the row data, [HV, rows] fp32)."""
     w_desc: tma.tensor_descriptor
     u_desc: tma.tensor_descriptor
     w_stage: gl.shared_memory_descriptor
@@ -156,13 +158,13 @@ class ItemOutputs:
     @gluon.jit
     def store_gam_qg(self, rows):
         """gam and qg = gam + ln rq of an item's rows (ItemRows)."""
-        gl.store(self.gam + rows.offs, rows.gam, mask=rows.live)
-        gl.store(self.qg + rows.offs, rows.gam + rows.log_rq, mask=rows.live)
+        gl.store(self.gam + rows.dest, rows.gam, mask=rows.live)
+        gl.store(self.qg + rows.dest, rows.gam + rows.log_rq, mask=rows.live)
 
     @gluon.jit
     def store_kg(self, rows, rk):
         """kg = gam - ln rk of an item's rows (rk in their layout)."""
-        gl.store(self.kg + rows.offs, rows.gam - gl.log(rk), mask=rows.live)
+        gl.store(self.kg + rows.dest, rows.gam - gl.log(rk), mask=rows.live)
 
     @gluon.jit
     def store_tiles(self, w_tile, u_tile, start, n_rows, i_hv):
@@ -282,7 +284,8 @@ def item_rows(items, c, inputs, g, HV, flags, layout: gl.constexpr):
     gam_r = gl.associative_scan(gl.load(g + offs, mask=live, other=0.0), 0, _add)
     inputs.bars.wait_ready(c)
     log_rq = _log_row_norms(inputs.q.index(c % NUM_SLOTS), flags, layout)
-    return start, n_rows, i_hv, ItemRows(offs, live, gam_r, log_rq)
+    dest = row_data_start(i_hv, start, row_data_rows(items.T, items.num_seqs, items.IS_VARLEN)) + r
+    return start, n_rows, i_hv, ItemRows(offs, dest, live, gam_r, log_rq)
 
 
 @gluon.jit

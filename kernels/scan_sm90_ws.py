@@ -87,26 +87,24 @@ class ScanRings:
 
 @aggregate
 class RowData:
-    """Where the chunks' per-row data (gdn_prepare's gam, qg, kg) of the program's value head start, and the
-    sequence's length."""
+    """Where the sequence's per-row data (gdn_prepare's gam, qg, kg: common.row_data_start) of the program's value
+    head start, and the sequence's length."""
     gam: gl.tensor
     qg: gl.tensor
     kg: gl.tensor
     seq_len: gl.tensor
-    HV: gl.tensor
 
     @gluon.constexpr_function
-    def __init__(self, gam, qg, kg, seq_len, HV):
+    def __init__(self, gam, qg, kg, seq_len):
         self.gam = gam
         self.qg = qg
         self.kg = kg
         self.seq_len = seq_len
-        self.HV = HV
 
     @gluon.jit
     def chunk(self, c, BT: gl.constexpr, rows_layout: gl.constexpr, cols_layout: gl.constexpr):
         """Chunk c's (qg rows, kg rows, kg columns, gam_last); zeros from c = n_chunks on."""
-        return chunk_rows(self.gam, self.qg, self.kg, c, self.seq_len, self.HV, BT, rows_layout, cols_layout)
+        return chunk_rows(self.gam, self.qg, self.kg, c, self.seq_len, BT, rows_layout, cols_layout)
 
 
 @gluon.jit

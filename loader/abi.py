@@ -243,7 +243,7 @@ ROUTES = {r.name: r for r in (
 
 @dataclasses.dataclass(frozen=True)
 class Region:
-    """A workspace region of gdn_aot_forward: [rows, HV] x the product of `per_row_head` (names of arguments, or
+    """A workspace region of gdn_aot_forward: rows x HV x the product of `per_row_head` (names of arguments, or
     byte counts) bytes, used by the routes named; another route's call gives it 0 bytes. The global scratch (the
     larger of the route's launches' needs, shared by them) follows the regions."""
 
@@ -256,9 +256,9 @@ class Region:
 REGIONS = (
     Region("w", ("K", "elt"), ("prepare_scan",), "w [rows, HV, K], input dtype"),
     Region("u", ("V", "elt"), ("prepare_scan",), "u [rows, HV, V], input dtype"),
-    Region("gam", (4,), ("prepare_scan",), "gam [rows, HV] fp32: the chunk-local cumsum of g"),
-    Region("qg", (4,), ("prepare_scan",), "qg [rows, HV] fp32: gam + ln rq"),
-    Region("kg", (4,), ("prepare_scan",), "kg [rows, HV] fp32: gam - ln rk"),
+    Region("gam", (4,), ("prepare_scan",), "gam [HV, rows] fp32: the chunk-local cumsum of g"),
+    Region("qg", (4,), ("prepare_scan",), "qg [HV, rows] fp32: gam + ln rq"),
+    Region("kg", (4,), ("prepare_scan",), "kg [HV, rows] fp32: gam - ln rk"),
 )
 
 # gdn_aot_forward_args_t. The fields of a route (the same for every call of a dispatch row) come first, then the
