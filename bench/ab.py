@@ -8,8 +8,8 @@ in alternation (timing.timed_alternating, so that clock drift reaches every set 
 A root is what `gdn-aot build SPEC --arch sm_90 --out ROOT` wrote; a spec with only the variants compared builds
 in seconds (for gdn_scan, add a varlen bf16 gdn_prepare: the scan's inputs come from it). Compared are each root's
 varlen bf16 variants of the family with --warps warps (all warps when not given); of gdn_scan those with an fp32
-[K, V] state and no checkpoints, grouped by BV, their inputs (w, u, gam, qg, kg) made by the first root's
-gdn_prepare with the most warps. H = 16, K = V = 128, q and k L2-normed in the kernel; cases as bench.py's
+[K, V] state and no checkpoints, grouped by BV, their inputs (w, u, gam, qg, kg) made by the same root's
+gdn_prepare with the most warps (roots may lay the workspace out differently). H = 16, K = V = 128, q and k L2-normed in the kernel; cases as bench.py's
 (NxL, L1+L2+..., optionally @HV). Prints, per case and group: each root's median us and the first root's time
 over it (> 1: faster than the first), and each output's max |diff| / max |first root's|, whether all outputs are
 bitwise equal, and their NaN count; with --reference (gdn_scan), also each root's o and final state against the
@@ -128,6 +128,14 @@ def _line(label, names, ms, checks):
     return f"{label:<24} {times}  first/other {ratios} | {diffs}"
 
 
+def scan_inputs(x, artifacts, prep, label, stream):
+    """w, u, gam, qg, kg of inputs x from the root's gdn_prepare with the most warps (prep: select_variants')."""
+    prepared = x.prepare_outputs()
+    x.prepare_call(artifacts.kernel(prep[max(prep)]), prepared, stream)()
+    finish_or_exit(label)
+    return prepared
+
+
 def run(roots, family, warps, cases, reps, reference=False, bv=None):
     from gdn_aot.loader.runtime import Artifacts
 
@@ -139,24 +147,22 @@ def run(roots, family, warps, cases, reps, reference=False, bv=None):
     groups = sorted(set(chosen[0]).intersection(*chosen[1:]))
     if not groups:
         raise SystemExit(f"no {family} variant to compare: {[sorted(c) for c in chosen]} (groups per root)")
-    prep = select_variants(sets[0].manifest.variants, "gdn_prepare", None)
+    preps = [select_variants(s.manifest.variants, "gdn_prepare", None) for s in sets]
+    if family == "gdn_scan" and not all(preps):
+        raise SystemExit(f"{roots[preps.index({})]} has no varlen bf16 gdn_prepare to make the scan's inputs")
     for case in cases:
         x = Inputs(case.lens, case.HV)
         n_reps = max(5, reps // 3) if x.T * x.HV > 2 ** 21 else reps
-        prepared = x.prepare_outputs()
         ref = reference_forward(x) if reference and family == "gdn_scan" else None
-        if family == "gdn_scan":
-            if not prep:
-                raise SystemExit(f"{roots[0]} has no varlen bf16 gdn_prepare to make the scan's inputs")
-            x.prepare_call(sets[0].kernel(prep[max(prep)]), prepared, stream)()
-            finish_or_exit(f"{names[0]} {prep[max(prep)]} on {case.id}")
+        prepared = [scan_inputs(x, s, p, f"{n} {p[max(p)]} on {case.id}", stream)
+                    for n, s, p in zip(names, sets, preps)] if family == "gdn_scan" else None
         for group in groups:
             calls, outs = [], []
-            for name, s, c in zip(names, sets, chosen):
+            for i, (name, s, c) in enumerate(zip(names, sets, chosen)):
                 kernel = s.kernel(c[group])
                 if family == "gdn_scan":
                     out = [torch.full_like(x.v, float("nan")), torch.full_like(x.h0, float("nan"))]
-                    calls.append(x.scan_call(kernel, group, prepared, out, stream))
+                    calls.append(x.scan_call(kernel, group, prepared[i], out, stream))
                 else:
                     out = x.prepare_outputs()
                     calls.append(x.prepare_call(kernel, out, stream))
