@@ -5,18 +5,18 @@ in alternation (timing.timed_alternating, so that clock drift reaches every set 
     python3 bench/ab.py ROOT_A ROOT_B [ROOT_C ...] --family gdn_scan --cases 1x8192,4096+4096,1x65536@32
     python3 bench/ab.py ROOT_A ROOT_B --family gdn_prepare --warps 16 --cases 1x8192,32x8192
 
-A root is what `gdn-aot build SPEC --arch sm_90 --out ROOT` wrote; a spec with only the variants compared builds
-in seconds (for gdn_scan, add a varlen bf16 gdn_prepare: the scan's inputs come from it). Compared are each root's
+A root is what `gdn-aot build SPEC --arch sm_90 --out ROOT` wrote; a spec with only the variants compared builds in
+seconds (for gdn_scan, add a varlen bf16 gdn_prepare: the scan's inputs come from it). Compared are each root's
 varlen bf16 variants of the family with --warps warps (all warps when not given); of gdn_scan those with an fp32
-[K, V] state and no checkpoints, grouped by BV, their inputs (w, u, gam, qg, kg) made by the same root's
-gdn_prepare with the most warps (roots may lay the workspace out differently). H = 16, K = V = 128, q and k L2-normed in the kernel; cases as bench.py's
-(NxL, L1+L2+..., optionally @HV). Prints, per case and group: each root's median us and the first root's time
-over it (> 1: faster than the first), and each output's max |diff| / max |first root's|, whether all outputs are
-bitwise equal, and their NaN count; with --reference (gdn_scan), also each root's o and final state against the
-reference forward (tests/reference.py: fp64 recurrence for small cases, fp32 chunked on the GPU for large ones), as
-max |diff| / max |reference|. A kernel still running 30 s after its first launch is reported by name and ends
-the run (timing.finish_or_exit: a broken mbarrier protocol hangs, and would hang every later call too). Needs a
-CUDA GPU; select_variants and compare run anywhere.
+[K, V] state and no checkpoints, grouped by BV, their inputs (w, u, gam, qg, kg) made by the same root's gdn_prepare
+with the most warps (roots may lay the workspace out differently). H = 16, K = V = 128, q and k L2-normed in the
+kernel; cases as bench.py's (NxL, L1+L2+..., optionally @HV). Prints, per case and group: each root's median us and
+the first root's time over it (> 1: faster than the first), and each output's max |diff| / max |first root's|,
+whether all outputs are bitwise equal, and their NaN count; with --reference (gdn_scan), also each root's o and
+final state against the reference forward (tests/reference.py: fp64 recurrence for small cases, fp32 chunked on the
+GPU for large ones), as max |diff| / max |reference|. A kernel still running 30 s after its first launch is reported
+by name and ends the run (timing.finish_or_exit: a broken mbarrier protocol hangs, and would hang every later call
+too). Needs a CUDA GPU; select_variants and compare run anywhere.
 """
 from __future__ import annotations
 

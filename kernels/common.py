@@ -235,11 +235,12 @@ class GateSource:
 @gluon.jit
 def chunk_gates(g, beta, gates, gam, qg, kg, i_hv, start, n_rows, HV, rows, log_rq, log_rk,
                 cols_layout: gl.constexpr):
-    """The gates of value head i_hv over the chunk's rows (gdn_prepare, both arches): loads g and beta (through
-    the head's GateSource where the variant computes them), writes gam = cumsum(g) and the log row scalings
+    """The gates of value head i_hv over the chunk's rows (gdn_prepare, both arches): loads g and beta (through the
+    head's GateSource where the variant computes them), writes gam = cumsum(g) and the log row scalings
     qg = gam + ln rq, kg = gam - ln rk for gdn_scan (row data of `rows` rows: row_data_start), and returns gam in
-    the row layout (log_rq's) and in cols_layout, and beta in the row layout. Rows past n_rows read as 0. (The loads add the head's column last:
-    ptxas schedules the sm_90a gdn_prepare of the other association 23% slower, H200, 32 x 8192.)"""
+    the row layout (log_rq's) and in cols_layout, and beta in the row layout. Rows past n_rows read as 0. (The
+    loads add the head's column last: ptxas schedules the sm_90a gdn_prepare of the other association 23% slower,
+    H200, 32 x 8192.)"""
     r = gl.arange(0, log_rq.shape[0], log_rq.type.layout)
     c = gl.arange(0, log_rq.shape[0], cols_layout)
     offs_r = (start + r).to(gl.int64) * HV + i_hv

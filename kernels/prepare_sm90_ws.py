@@ -109,17 +109,15 @@ class ItemTerms:
 @aggregate
 class ItemRows:
     """The writer's row terms of an item, [BT] in a layout that holds every row in every warp (so the cumsum is a
-    warp scan): the rows' element offsets in g ([rows, HV] fp32) and in the row data (common.row_data_start),
-    the mask of the item's own rows, gam = cumsum(g) (natural log units, as gdn_scan reads it) and ln rq."""
-    offs: gl.tensor
+    warp scan): the rows' element offsets in the row data (common.row_data_start), the mask of the item's own
+    rows, gam = cumsum(g) (natural log units, as gdn_scan reads it) and ln rq."""
     dest: gl.tensor
     live: gl.tensor
     gam: gl.tensor
     log_rq: gl.tensor
 
     @gluon.constexpr_function
-    def __init__(self, offs, dest, live, gam, log_rq):
-        self.offs = offs
+    def __init__(self, dest, live, gam, log_rq):
         self.dest = dest
         self.live = live
         self.gam = gam
@@ -285,7 +283,7 @@ def item_rows(items, c, inputs, g, HV, flags, layout: gl.constexpr):
     inputs.bars.wait_ready(c)
     log_rq = _log_row_norms(inputs.q.index(c % NUM_SLOTS), flags, layout)
     dest = row_data_start(i_hv, start, row_data_rows(items.T, items.num_seqs, items.IS_VARLEN)) + r
-    return start, n_rows, i_hv, ItemRows(offs, dest, live, gam_r, log_rq)
+    return start, n_rows, i_hv, ItemRows(dest, live, gam_r, log_rq)
 
 
 @gluon.jit
