@@ -32,9 +32,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.language.core import _aggregate as aggregate
 
 from . import PREPARE_L2NORM as _L2NORM
-from .common import (inverse_row_norms, loop_variant, row_data_rows, row_data_start, sequence_of_chunk_slot,
-                     store_rows, token_major_desc, wgmma_layout)
-from .fused_sm90 import (LOG2E, NUM_SLOTS, InverseScratch, SlotBarriers, _add, _publish_gates, chunk_decay,
+from .common import (LOG2E, inverse_row_norms, loop_variant, row_data_rows, row_data_start,
+                     sequence_of_chunk_slot, store_rows, token_major_desc, wgmma_layout)
+from .fused_sm90 import (NUM_SLOTS, InverseScratch, SlotBarriers, _add, _publish_gates, chunk_decay,
                          input_and_gate_rings, publish_key_norms)
 
 L2NORM = gl.constexpr(_L2NORM)

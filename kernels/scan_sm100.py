@@ -47,8 +47,8 @@ from triton.experimental.gluon.language.nvidia.blackwell import (TensorMemoryLay
                                                                   tcgen05_mma, tma)
 
 from .common import (SCAN_HAS_H0, SCAN_STORE_HT, SCAN_USE_INDICES, Checkpoints, causal_decay_bitmask,
-                     chunk_row_scalings, issue_chunk_loads, load_state_tile, mbarriers, row_data_rows,
-                     row_data_start, row_tile_desc, sequence_bounds, store_tmem_state)
+                     chunk_row_scalings, issue_chunk_loads, load_state_tile, mbarriers, row_tile_desc,
+                     sequence_bounds, store_tmem_state)
 from .scan_sm90_ws import RowData
 from .scan_sm100_ws import operands_ready, scan_chunks_warp_specialized, store_chunk_output
 
@@ -268,8 +268,7 @@ def scan_kernel(q, k, w, u, gam, qg, kg, cu_seqlens, h0, ht, state_indices, o, s
     o_all_desc = tma.make_tensor_descriptor(o, [gl.maximum(total_rows, 1), HV * V], [HV * V, 1], [1, BV],
                                             o_desc.layout)
 
-    head_rows = row_data_start(i_hv, row0, row_data_rows(T, gl.num_programs(0), IS_VARLEN))
-    row_data = RowData(gam + head_rows, qg + head_rows, kg + head_rows, seq_len)
+    row_data = RowData.of_value_head(gam, qg, kg, i_hv, row0, seq_len, T, IS_VARLEN)
     checkpoints = Checkpoints(state_checkpoints, checkpoint_rows, checkpoint_cu_starts, checkpoint_every_n_tokens, HV,
                               BT, V, TRANSPOSE_STATE, CHECKPOINTS, HEAD_MAJOR=False)
     # h's 16-bit copy, the B operand of w h and q h: a ring of two in the warp-specialised loop; after the loop,

@@ -25,8 +25,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                                warpgroup_mma_wait)
 
 from .common import (SCAN_HAS_H0, SCAN_STORE_HT, SCAN_USE_INDICES, Checkpoints, causal_decay, chunk_row_scalings,
-                     chunk_rows, load_state_tile, mbarriers, row_data_rows, row_data_start, row_tile_desc,
-                     sequence_bounds, store_state_tile, wgmma_layout)
+                     load_state_tile, mbarriers, row_tile_desc, sequence_bounds, store_state_tile, wgmma_layout)
 from .scan_sm90_ws import RowData, scan_chunks_warp_specialized
 
 
@@ -46,8 +45,7 @@ def _load_tiles(bar, row, desc_a, buf_a, desc_b, buf_b):
 
 
 @gluon.jit
-def _scan_chunks(h, n_chunks, seq_len, q_desc, k_desc, w_desc, u_desc, o_desc, gam_head, qg_head, kg_head, scale,
-                 checkpoints, i_v):
+def _scan_chunks(h, n_chunks, q_desc, k_desc, w_desc, u_desc, o_desc, row_data, scale, checkpoints, i_v):
     """The chunk loop on one warpgroup (or two at BV = 128); returns the final state (and writes the checkpoints
     of V tile i_v on the way)."""
     dtype: gl.constexpr = q_desc.block_type.element_ty
@@ -73,8 +71,7 @@ def _scan_chunks(h, n_chunks, seq_len, q_desc, k_desc, w_desc, u_desc, o_desc, g
 
     # per-row chunk data, loaded during the chunk before (off the critical path), straight in the layouts of
     # the MMA results that use them
-    qg_r, kg_r, kg_c, gam_last = chunk_rows(gam_head, qg_head, kg_head, 0, seq_len, BT, rows_tv,
-                                            gl.SliceLayout(0, acc_tt))
+    qg_r, kg_r, kg_c, gam_last = row_data.chunk(0, BT, rows_tv, gl.SliceLayout(0, acc_tt))
 
     if n_chunks > 0:
         _load_tiles(bars.index(0), 0, q_desc, q_ring.index(0), k_desc, k_ring.index(0))
@@ -86,7 +83,7 @@ def _scan_chunks(h, n_chunks, seq_len, q_desc, k_desc, w_desc, u_desc, o_desc, g
         s = c % 2
         q_s = q_ring.index(s)
         k_s = k_ring.index(s)
-        n_rows = seq_len - c * BT
+        n_rows = row_data.seq_len - c * BT
         o_scale, v_dec_scale, decay_rows, h_decay = chunk_row_scalings(qg_r, kg_r, gam_last, scale,
                                                                        gl.SliceLayout(1, acc_tt))
 
@@ -120,8 +117,7 @@ def _scan_chunks(h, n_chunks, seq_len, q_desc, k_desc, w_desc, u_desc, o_desc, g
         q_h = warpgroup_mma(q_s, h_smem, gl.zeros([BT, BV], gl.float32, acc_tv), use_acc=False, is_async=True)
         scores = warpgroup_mma_wait(2, deps=[scores])
         p = (scores * decay).to(dtype)
-        qg_r, kg_r, kg_c, gam_last = chunk_rows(gam_head, qg_head, kg_head, c + 1, seq_len, BT, rows_tv,
-                                                gl.SliceLayout(0, acc_tt))
+        qg_r, kg_r, kg_c, gam_last = row_data.chunk(c + 1, BT, rows_tv, gl.SliceLayout(0, acc_tt))
         h, q_h = warpgroup_mma_wait(0, deps=[h, q_h])
 
         # o = scale e^gam (q h) + (scores . decay) v_new
@@ -142,7 +138,7 @@ def _scan_chunks(h, n_chunks, seq_len, q_desc, k_desc, w_desc, u_desc, o_desc, g
         # last in the chunk, predicated rather than behind a branch: at 4 warps a branch here (any store in it)
         # makes ptxas spill in the loop
         if checkpoints.CHECKPOINTS:
-            checkpoints.store(h, checkpoints.count_after(c, seq_len), i_v)
+            checkpoints.store(h, checkpoints.count_after(c, row_data.seq_len), i_v)
     tma.store_wait(0)
     for b in gl.static_range(4):
         mbarrier.invalidate(bars.index(b))
@@ -178,18 +174,14 @@ def scan_kernel(q, k, w, u, gam, qg, kg, cu_seqlens, h0, ht, state_indices, o, s
     w_desc = row_tile_desc(w + row0 * HV * K + i_hv * K, HV * K, seq_len, BT, K)
     u_desc = row_tile_desc(u + row0 * HV * V + i_hv * V + i_v * BV, HV * V, seq_len, BT, BV)
     o_desc = row_tile_desc(o + row0 * HV * V + i_hv * V + i_v * BV, HV * V, seq_len, BT, BV)
-    head_rows = row_data_start(i_hv, row0, row_data_rows(T, gl.num_programs(0), IS_VARLEN))
-    gam_head = gam + head_rows
-    qg_head = qg + head_rows
-    kg_head = kg + head_rows
+    row_data = RowData.of_value_head(gam, qg, kg, i_hv, row0, seq_len, T, IS_VARLEN)
     checkpoints = Checkpoints(state_checkpoints, checkpoint_rows, checkpoint_cu_starts, checkpoint_every_n_tokens, HV,
                               BT, V, TRANSPOSE_STATE, CHECKPOINTS, HEAD_MAJOR=False)
 
     if WARP_SPECIALIZE:
-        h = scan_chunks_warp_specialized(h, n_chunks, q_desc, k_desc, w_desc, u_desc, o_desc,
-                                         RowData(gam_head, qg_head, kg_head, seq_len), scale, checkpoints, i_v)
+        h = scan_chunks_warp_specialized(h, n_chunks, q_desc, k_desc, w_desc, u_desc, o_desc, row_data, scale,
+                                         checkpoints, i_v)
     else:
-        h = _scan_chunks(h, n_chunks, seq_len, q_desc, k_desc, w_desc, u_desc, o_desc, gam_head, qg_head,
-                         kg_head, scale, checkpoints, i_v)
+        h = _scan_chunks(h, n_chunks, q_desc, k_desc, w_desc, u_desc, o_desc, row_data, scale, checkpoints, i_v)
     store_state_tile(ht, h, slot, i_hv, i_v, HV, ((flags & SCAN_STORE_HT) != 0) & (slot >= 0), K, V, BV,
                      TRANSPOSE_STATE)

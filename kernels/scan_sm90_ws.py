@@ -26,7 +26,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                                warpgroup_mma_wait)
 from triton.language.core import _aggregate as aggregate
 
-from .common import causal_decay, chunk_row_scalings, chunk_rows, exp_ftz, wgmma_layout
+from .common import (causal_decay, chunk_row_scalings, chunk_rows, exp_ftz, row_data_rows, row_data_start,
+                     wgmma_layout)
 from .fused_sm90 import NUM_SLOTS, SlotBarriers
 
 OUTPUT_REGS = gl.constexpr(160)
@@ -100,6 +101,13 @@ class RowData:
         self.qg = qg
         self.kg = kg
         self.seq_len = seq_len
+
+    @gluon.jit
+    def of_value_head(gam, qg, kg, i_hv, row0, seq_len, T, IS_VARLEN: gl.constexpr):
+        """The row data of value head i_hv from the sequence's first row row0 on (gdn_scan's grid: a program's
+        first axis counts the sequences, so a fixed-length batch has num_programs(0) of T rows)."""
+        start = row_data_start(i_hv, row0, row_data_rows(T, gl.num_programs(0), IS_VARLEN))
+        return RowData(gam + start, qg + start, kg + start, seq_len)
 
     @gluon.jit
     def chunk(self, c, BT: gl.constexpr, rows_layout: gl.constexpr, cols_layout: gl.constexpr):
