@@ -26,6 +26,7 @@ SCAN_HAS_H0 = gl.constexpr(_SCAN_HAS_H0)
 SCAN_STORE_HT = gl.constexpr(_SCAN_STORE_HT)
 SCAN_USE_INDICES = gl.constexpr(_SCAN_USE_INDICES)
 LOG2E = gl.constexpr(1.4426950408889634)
+LN2 = gl.constexpr(0.6931471805599453)  # 1 / LOG2E: log2 units back to natural ones
 
 
 @constexpr_function

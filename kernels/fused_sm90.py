@@ -674,9 +674,9 @@ def head_tiles(q, k, v, o, gate_source, bos, seq_len, i_h, i_hv, H, HV, K: gl.co
 
 
 @gluon.jit
-def input_and_gate_rings(q_desc, k_desc, v_desc, consumers: gl.constexpr):
-    """The inputs ring (its slots emptied by `consumers` partitions) and the gate ring (gdn_fused's, and the
-    warp-specialised gdn_prepare's)."""
+def input_and_gate_rings(q_desc, k_desc, v_desc, consumers: gl.constexpr, gate_consumers: gl.constexpr):
+    """The inputs ring and the gate ring (gdn_fused's, and the warp-specialised gdn_prepare's), their slots
+    emptied by `consumers` and `gate_consumers` partitions."""
     dtype: gl.constexpr = q_desc.block_type.element_ty
     BT: gl.constexpr = q_desc.block_type.shape[0]
     K: gl.constexpr = q_desc.block_type.shape[1]
@@ -689,7 +689,8 @@ def input_and_gate_rings(q_desc, k_desc, v_desc, consumers: gl.constexpr):
     gates = GateRing(gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain),
                      gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain),
                      gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain),
-                     gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain), SlotBarriers.make(1, 1))
+                     gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain),
+                     SlotBarriers.make(1, gate_consumers))
     return inputs, gates
 
 
@@ -701,7 +702,7 @@ def chunk_rings(q_desc, k_desc, v_desc):
     BT: gl.constexpr = q_desc.block_type.shape[0]
     tile_tt: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], dtype)
     plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])  # rows of [BT] vectors
-    inputs, gates = input_and_gate_rings(q_desc, k_desc, v_desc, 3)
+    inputs, gates = input_and_gate_rings(q_desc, k_desc, v_desc, 3, 1)
     terms = TermRing(gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, BT], tile_tt),
                      gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, BT], tile_tt),
                      gl.allocate_shared_memory(gl.float32, [NUM_SLOTS * SCALINGS, BT], plain), SlotBarriers.make(1, 1),

@@ -10,7 +10,7 @@ products and stores of the one before:
     inverse of sm_100a's other kernels (inverse_sm100.py: the diagonal 16 x 16 blocks on warp-level mma.sync,
     one block a warp, hence 4 warps, then four tcgen05 kind::tf32 products); publishes Tw = Tc diag(beta e^gam rk)
     and Tu = Tc diag(beta), each rounded once to the input dtype, and rk;
-  * writer (the default partition, 8 warps): gam = cumsum(g), qg = gam + ln rq (rq from the q tile) and
+  * writer (the default partition, 8 warps): gam (the gate ring's), qg = gam + ln rq (rq from the q tile) and
     kg = gam - ln rk; w = Tw k and u = Tu v on tcgen05 (every operand in shared memory) into TMEM, read back by
     both warpgroups (each takes half of every row's columns); a whole chunk leaves by TMA store through staging
     tiles, a sequence's partial last chunk by masked stores (the rows after it are the next sequence's);
@@ -108,7 +108,7 @@ def _aux_partition(items, inputs, gates, terms, kk_tmem, a_smem, bt_smem, bar, f
 
 
 @gluon.jit
-def _writer_partition(items, inputs, terms, w_tmem, u_tmem, bar, out, g, flags):
+def _writer_partition(items, inputs, gates, terms, w_tmem, u_tmem, bar, out, flags):
     """gam, qg, kg, w and u of each item (see the module docstring); bar: the partition's MMA barrier."""
     BT: gl.constexpr = inputs.k.shape[1]
     K: gl.constexpr = inputs.k.shape[2]
@@ -119,7 +119,7 @@ def _writer_partition(items, inputs, terms, w_tmem, u_tmem, bar, out, g, flags):
     rows_l: gl.constexpr = gl.BlockedLayout([BT // 32], [32], [gl.num_warps()], [0])
     for c in range(items.n_items):
         slot = c % NUM_SLOTS
-        start, n_rows, i_hv, rows = item_rows(items, c, inputs, g, out.HV, flags, rows_l)
+        start, n_rows, i_hv, rows = item_rows(items, c, inputs, gates, flags, rows_l)
         terms.bars.wait_ready(c)
         rk = terms.rk.index(slot).load(rows_l)
         # every warp is done with the q tile and rk, whose slots the commits below release, and has read the
@@ -157,7 +157,7 @@ def prepare_chunks_warp_specialized(q, k, v, g, beta, cu_seqlens, w, u, gam, qg,
         u_tmem = allocate_tensor_memory(gl.float32, [BT, V], TensorMemoryLayout(block=(BT, V), col_stride=1))
         mma_bars = mbarriers(2, 1)
         gl.warp_specialize([
-            (_writer_partition, (items, inputs, terms, w_tmem, u_tmem, mma_bars.index(0), out, g, flags)),
+            (_writer_partition, (items, inputs, gates, terms, w_tmem, u_tmem, mma_bars.index(0), out, flags)),
             (_aux_partition, (items, inputs, gates, terms, kk_tmem, a_smem, bt_smem, mma_bars.index(1), flags)),
             (_load_partition, (items, inputs, gates, q_desc, k_desc, v_desc, g, beta, HV)),
         ], [4, LOAD_WARPS], [AUX_REGS, LOAD_REGS])

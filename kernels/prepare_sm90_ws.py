@@ -10,13 +10,15 @@ the loads of the next and the products and stores of the one before:
     Tc = (I + A)^-1 by gdn_fused's blocked inverse (the diagonal 16 x 16 blocks by forward substitution on the
     CUDA cores, then four fp16 wgmma); publishes Tw = Tc diag(beta e^gam rk) and Tu = Tc diag(beta), each
     rounded once to the input dtype, and rk;
-  * writer (the default partition, 8 warps: w's and u's columns split over two warpgroups): gam = cumsum(g)
-    (natural log units, as gdn_scan reads it), qg = gam + ln rq (rq from the q tile) and kg = gam - ln rk;
+  * writer (the default partition, 8 warps: w's and u's columns split over two warpgroups): gam (the gate
+    ring's, back in natural log units, as gdn_scan reads it), qg = gam + ln rq (rq from the q tile) and
+    kg = gam - ln rk;
     w = Tw k and u = Tu v on wgmma, every operand in shared memory; a whole chunk leaves by TMA store through
     staging tiles, a sequence's partial last chunk by masked stores (the rows after it are the next sequence's);
   * load (4 warps at LOAD_REGS): TMA of the item's q, k and v tiles into the input ring through descriptors over
     the whole batch (made once a program; rows past a sequence's end are zeroed by the algebra's masks, never
-    stored), and its gates (log2 units, for the decay) into the gate ring.
+    stored), and its gates (log2 units, for the decay) into the gate ring, read by the aux and the writer
+    partitions (the writer's own loads of g waited on HBM in front of its cumsum: docs/performance.md).
 One program an SM (216 KB of shared memory): the single-warpgroup kernel runs two an SM and pays every
 chunk's load latency and setup; here one chunk's inverse hides the next one's loads (docs/performance.md).
 Gating variants (fla's use_gate_in_kernel, ...) are not built this way: their beta may reach 2, where the fp16
@@ -32,9 +34,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.language.core import _aggregate as aggregate
 
 from . import PREPARE_L2NORM as _L2NORM
-from .common import (LOG2E, inverse_row_norms, loop_variant, row_data_rows, row_data_start,
+from .common import (LN2, LOG2E, inverse_row_norms, loop_variant, row_data_rows, row_data_start,
                      sequence_of_chunk_slot, store_rows, token_major_desc, wgmma_layout)
-from .fused_sm90 import (NUM_SLOTS, InverseScratch, SlotBarriers, _add, _publish_gates, chunk_decay,
+from .fused_sm90 import (NUM_SLOTS, InverseScratch, SlotBarriers, _publish_gates, chunk_decay,
                          input_and_gate_rings, publish_key_norms)
 
 L2NORM = gl.constexpr(_L2NORM)
@@ -273,21 +275,22 @@ def _log_row_norms(tile, flags, layout: gl.constexpr):
 
 
 @gluon.jit
-def item_rows(items, c, inputs, g, HV, flags, layout: gl.constexpr):
-    """Item c's first row, rows, value head and ItemRows in `layout` (ln rq once its q tile has landed)."""
+def item_rows(items, c, inputs, gates, flags, layout: gl.constexpr):
+    """Item c's first row, rows, value head and ItemRows in `layout`: gam from the gate ring (whose slot it then
+    releases), ln rq once the q tile has landed."""
     start, n_rows, _, i_hv = items.item(c)
     r = gl.arange(0, inputs.q.shape[1], layout)
-    live = r < n_rows
-    offs = (start + r).to(gl.int64) * HV + i_hv
-    gam_r = gl.associative_scan(gl.load(g + offs, mask=live, other=0.0), 0, _add)
+    gates.bars.wait_ready(c)
+    gam_r = gates.gam.index(c % NUM_SLOTS).load(layout) * LN2
+    gates.bars.release(c)
     inputs.bars.wait_ready(c)
     log_rq = _log_row_norms(inputs.q.index(c % NUM_SLOTS), flags, layout)
     dest = row_data_start(i_hv, start, row_data_rows(items.T, items.num_seqs, items.IS_VARLEN)) + r
-    return start, n_rows, i_hv, ItemRows(dest, live, gam_r, log_rq)
+    return start, n_rows, i_hv, ItemRows(dest, r < n_rows, gam_r, log_rq)
 
 
 @gluon.jit
-def _writer_partition(items, inputs, terms, out, g, flags):
+def _writer_partition(items, inputs, gates, terms, out, flags):
     """gam, qg, kg, w and u of each item (see the module docstring)."""
     BT: gl.constexpr = inputs.k.shape[1]
     K: gl.constexpr = inputs.k.shape[2]
@@ -298,7 +301,7 @@ def _writer_partition(items, inputs, terms, out, g, flags):
     rows_l: gl.constexpr = gl.BlockedLayout([BT // 32], [32], [gl.num_warps()], [0])
     for c in range(items.n_items):
         slot = c % NUM_SLOTS
-        start, n_rows, i_hv, rows = item_rows(items, c, inputs, g, out.HV, flags, rows_l)
+        start, n_rows, i_hv, rows = item_rows(items, c, inputs, gates, flags, rows_l)
         terms.bars.wait_ready(c)
         w_acc = warpgroup_mma(terms.tw.index(slot), inputs.k.index(slot), gl.zeros([BT, K], gl.float32, acc_tk),
                               use_acc=False, is_async=True)
@@ -341,12 +344,12 @@ def batch_descs(q, k, v, w, u, T, num_seqs, H, HV, K: gl.constexpr, V: gl.conste
 
 @gluon.jit
 def item_rings(q_desc, k_desc, v_desc):
-    """The input ring (its slots emptied by the aux and the writer partitions), the gate ring and the terms
+    """The input and the gate ring (their slots emptied by the aux and the writer partitions) and the terms
     ring."""
     dtype: gl.constexpr = q_desc.block_type.element_ty
     BT: gl.constexpr = q_desc.block_type.shape[0]
     tile_tt: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], dtype)
-    inputs, gates = input_and_gate_rings(q_desc, k_desc, v_desc, 2)
+    inputs, gates = input_and_gate_rings(q_desc, k_desc, v_desc, 2, 2)
     terms = ItemTerms(gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, BT], tile_tt),
                       gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, BT], tile_tt),
                       gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], gl.SwizzledSharedLayout(1, 1, 1, [0])),
@@ -375,7 +378,7 @@ def prepare_chunks_warp_specialized(q, k, v, g, beta, cu_seqlens, w, u, gam, qg,
         inverse = InverseScratch.make(BT)
         out = item_outputs(w_desc, u_desc, w, u, gam, qg, kg, HV)
         gl.warp_specialize([
-            (_writer_partition, (items, inputs, terms, out, g, flags)),
+            (_writer_partition, (items, inputs, gates, terms, out, flags)),
             (_aux_partition, (items, inputs, gates, terms, inverse, flags)),
             (_load_partition, (items, inputs, gates, q_desc, k_desc, v_desc, g, beta, HV)),
         ], [4, LOAD_WARPS], [AUX_REGS, LOAD_REGS])
