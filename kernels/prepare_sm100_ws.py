@@ -58,7 +58,7 @@ LOAD_REGS = gl.constexpr(32)
 
 
 @gluon.jit
-def _aux_partition(items, inputs, gates, terms, kk_tmem, a_smem, bt_smem, bar, flags):
+def _aux_partition(items, inputs, gates, bounds, terms, kk_tmem, a_smem, bt_smem, bar, flags):
     """The terms of each item into the terms ring (see the module docstring). kk_tmem: k k^T, then the inverse's
     accumulator; a_smem, bt_smem: the inverse's operand tiles; bar: the partition's MMA barrier."""
     BT: gl.constexpr = inputs.k.shape[1]
@@ -68,7 +68,6 @@ def _aux_partition(items, inputs, gates, terms, kk_tmem, a_smem, bt_smem, bar, f
     cols: gl.constexpr = gl.SliceLayout(0, reg_tt)
     for c in range(items.n_items):
         slot = c % NUM_SLOTS
-        _, n_rows, _, _ = items.item(c)
         # the row and column indices as values of this item (hoisted out of the loop, they would be held across it)
         i = gl.expand_dims(gl.arange(0, BT, rows), 1) + loop_variant(0, c)
         j = gl.expand_dims(gl.arange(0, BT, cols), 0) + loop_variant(0, c)
@@ -76,6 +75,7 @@ def _aux_partition(items, inputs, gates, terms, kk_tmem, a_smem, bt_smem, bar, f
         # --- k k^T on the tensor cores; the input slot goes back to the load partition once it has read k (the
         # previous item's last read of kk_tmem is behind the barrier of its terms.bars.publish)
         inputs.bars.wait_ready(c)
+        _, n_rows = bounds.get(c)
         k_s = inputs.k.index(slot)
         tcgen05_mma(k_s, k_s.permute((1, 0)), kk_tmem, use_acc=False)
         tcgen05_commit(bar)
@@ -108,7 +108,7 @@ def _aux_partition(items, inputs, gates, terms, kk_tmem, a_smem, bt_smem, bar, f
 
 
 @gluon.jit
-def _writer_partition(items, inputs, gates, terms, w_tmem, u_tmem, bar, out, flags):
+def _writer_partition(items, inputs, gates, bounds, terms, w_tmem, u_tmem, bar, out, flags):
     """gam, qg, kg, w and u of each item (see the module docstring); bar: the partition's MMA barrier."""
     BT: gl.constexpr = inputs.k.shape[1]
     K: gl.constexpr = inputs.k.shape[2]
@@ -119,7 +119,7 @@ def _writer_partition(items, inputs, gates, terms, w_tmem, u_tmem, bar, out, fla
     rows_l: gl.constexpr = gl.BlockedLayout([BT // 32], [32], [gl.num_warps()], [0])
     for c in range(items.n_items):
         slot = c % NUM_SLOTS
-        start, n_rows, i_hv, rows = item_rows(items, c, inputs, gates, flags, rows_l)
+        start, n_rows, i_hv, rows = item_rows(items, c, inputs, gates, bounds, flags, rows_l)
         terms.bars.wait_ready(c)
         rk = terms.rk.index(slot).load(rows_l)
         # every warp is done with the q tile and rk, whose slots the commits below release, and has read the
@@ -146,7 +146,7 @@ def prepare_chunks_warp_specialized(q, k, v, g, beta, cu_seqlens, w, u, gam, qg,
     if items.active():
         q_desc, k_desc, v_desc, w_desc, u_desc = batch_descs(q, k, v, w, u, T, num_seqs, H, HV, K, V, BT,
                                                              IS_VARLEN)
-        inputs, gates, terms = item_rings(q_desc, k_desc, v_desc)
+        inputs, bounds, gates, terms = item_rings(q_desc, k_desc, v_desc)
         out = item_outputs(w_desc, u_desc, w, u, gam, qg, kg, HV)
         # the aux's inverse operand tiles and TMEM, the writer's accumulators; one MMA barrier a partition
         f32_tt: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], gl.float32)
@@ -157,7 +157,8 @@ def prepare_chunks_warp_specialized(q, k, v, g, beta, cu_seqlens, w, u, gam, qg,
         u_tmem = allocate_tensor_memory(gl.float32, [BT, V], TensorMemoryLayout(block=(BT, V), col_stride=1))
         mma_bars = mbarriers(2, 1)
         gl.warp_specialize([
-            (_writer_partition, (items, inputs, gates, terms, w_tmem, u_tmem, mma_bars.index(0), out, flags)),
-            (_aux_partition, (items, inputs, gates, terms, kk_tmem, a_smem, bt_smem, mma_bars.index(1), flags)),
-            (_load_partition, (items, inputs, gates, q_desc, k_desc, v_desc, g, beta, HV)),
+            (_writer_partition, (items, inputs, gates, bounds, terms, w_tmem, u_tmem, mma_bars.index(0), out, flags)),
+            (_aux_partition, (items, inputs, gates, bounds, terms, kk_tmem, a_smem, bt_smem, mma_bars.index(1),
+                              flags)),
+            (_load_partition, (items, inputs, gates, bounds, q_desc, k_desc, v_desc, g, beta, HV)),
         ], [4, LOAD_WARPS], [AUX_REGS, LOAD_REGS])

@@ -77,17 +77,57 @@ class ItemStream:
     @gluon.jit
     def item(self, c):
         """(first row, rows, key head, value head) of item c; rows <= 0: an idle slot (a varlen batch's spare
-        ones)."""
+        ones). The rows come from cu_seqlens (dependent loads): the load partition looks them up, and passes them
+        on through ItemBounds."""
         pair = self.first + (c // self.group) * self.stride
-        i_h = pair // self.n_slots
         start, n_rows = sequence_of_chunk_slot(pair % self.n_slots, self.cu_seqlens, self.T, self.num_seqs, self.BT,
                                                self.IS_VARLEN)
-        return start, n_rows, i_h, i_h * self.group + c % self.group
+        return start, n_rows, pair // self.n_slots, self.value_head(c)
+
+    @gluon.jit
+    def value_head(self, c):
+        """The value head of item c."""
+        pair = self.first + (c // self.group) * self.stride
+        return (pair // self.n_slots) * self.group + c % self.group
 
     @gluon.jit
     def active(self):
         """Whether this program is one of the first SM-count ones, which do all the work."""
         return self.first < self.stride
+
+
+@aggregate
+class ItemBounds:
+    """Each item's first row and row count as the load partition found them, [2 * NUM_SLOTS, 32] int32 (every entry
+    of a row the same value), on the input ring's barriers: the aux and writer partitions read them instead of
+    repeating the cu_seqlens lookup, whose loads the writer waited on (docs/performance.md)."""
+    rows: gl.shared_memory_descriptor
+
+    @gluon.constexpr_function
+    def __init__(self, rows):
+        self.rows = rows
+
+    @gluon.jit
+    def make():
+        plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+        return ItemBounds(gl.allocate_shared_memory(gl.int32, [2 * NUM_SLOTS, 32], plain))
+
+    @gluon.jit
+    def put(self, c, start, n_rows):
+        """Item c's bounds into its slot, by every warp of the load partition before the arrive on the slot's ready
+        barrier (the slot is free: its empty barrier was waited on)."""
+        lanes: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+        zero = gl.zeros([32], gl.int32, lanes)
+        self.rows.index(2 * (c % NUM_SLOTS)).store(zero + start)
+        self.rows.index(2 * (c % NUM_SLOTS) + 1).store(zero + n_rows)
+        gl.thread_barrier()
+
+    @gluon.jit
+    def get(self, c):
+        """(first row, rows) of item c, once its input slot is ready and before it is released."""
+        lanes: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+        return (gl.max(self.rows.index(2 * (c % NUM_SLOTS)).load(lanes), axis=0),
+                gl.max(self.rows.index(2 * (c % NUM_SLOTS) + 1).load(lanes), axis=0))
 
 
 @aggregate
@@ -196,8 +236,8 @@ def _sm_count():
 
 
 @gluon.jit
-def _load_partition(items, inputs, gates, q_desc, k_desc, v_desc, g, beta, HV):
-    """Each item's gates into the gate ring and its q, k, v tiles into the input ring."""
+def _load_partition(items, inputs, gates, bounds, q_desc, k_desc, v_desc, g, beta, HV):
+    """Each item's gates into the gate ring, and its bounds and q, k, v tiles into the input ring."""
     BT: gl.constexpr = inputs.q.shape[1]
     K: gl.constexpr = inputs.q.shape[2]
     V: gl.constexpr = inputs.v.shape[2]
@@ -212,6 +252,7 @@ def _load_partition(items, inputs, gates, q_desc, k_desc, v_desc, g, beta, HV):
                        gl.load(beta + offs, mask=r < n_rows, other=0.0))
         slot = c % NUM_SLOTS
         inputs.bars.wait_empty(c)
+        bounds.put(c, start, n_rows)
         ready = inputs.bars.ready_bar(c)
         mbarrier.expect(ready, nbytes)
         tma.async_copy_global_to_shared(q_desc, [start, i_h * K], ready, inputs.q.index(slot))
@@ -220,7 +261,7 @@ def _load_partition(items, inputs, gates, q_desc, k_desc, v_desc, g, beta, HV):
 
 
 @gluon.jit
-def _aux_partition(items, inputs, gates, terms, inverse, flags):
+def _aux_partition(items, inputs, gates, bounds, terms, inverse, flags):
     """The terms of each item into the terms ring (see the module docstring)."""
     BT: gl.constexpr = inputs.k.shape[1]
     dtype: gl.constexpr = inputs.k.dtype
@@ -233,9 +274,9 @@ def _aux_partition(items, inputs, gates, terms, inverse, flags):
     eye_tile = inverse.write_identity(acc_tt)
     for c in range(items.n_items):
         slot = c % NUM_SLOTS
-        _, n_rows, _, _ = items.item(c)
         i = loop_variant(i0, c)
         inputs.bars.wait_ready(c)
+        _, n_rows = bounds.get(c)
         k_s = inputs.k.index(slot)
         kk = warpgroup_mma(k_s, k_s.permute((1, 0)), zero, use_acc=False, is_async=True)
         gates.bars.wait_ready(c)
@@ -275,22 +316,23 @@ def _log_row_norms(tile, flags, layout: gl.constexpr):
 
 
 @gluon.jit
-def item_rows(items, c, inputs, gates, flags, layout: gl.constexpr):
+def item_rows(items, c, inputs, gates, bounds, flags, layout: gl.constexpr):
     """Item c's first row, rows, value head and ItemRows in `layout`: gam from the gate ring (whose slot it then
-    releases), ln rq once the q tile has landed."""
-    start, n_rows, _, i_hv = items.item(c)
+    releases), the bounds and ln rq once the input slot is ready."""
     r = gl.arange(0, inputs.q.shape[1], layout)
     gates.bars.wait_ready(c)
     gam_r = gates.gam.index(c % NUM_SLOTS).load(layout) * LN2
     gates.bars.release(c)
     inputs.bars.wait_ready(c)
+    start, n_rows = bounds.get(c)
+    i_hv = items.value_head(c)
     log_rq = _log_row_norms(inputs.q.index(c % NUM_SLOTS), flags, layout)
     dest = row_data_start(i_hv, start, row_data_rows(items.T, items.num_seqs, items.IS_VARLEN)) + r
     return start, n_rows, i_hv, ItemRows(dest, r < n_rows, gam_r, log_rq)
 
 
 @gluon.jit
-def _writer_partition(items, inputs, gates, terms, out, flags):
+def _writer_partition(items, inputs, gates, bounds, terms, out, flags):
     """gam, qg, kg, w and u of each item (see the module docstring)."""
     BT: gl.constexpr = inputs.k.shape[1]
     K: gl.constexpr = inputs.k.shape[2]
@@ -301,7 +343,7 @@ def _writer_partition(items, inputs, gates, terms, out, flags):
     rows_l: gl.constexpr = gl.BlockedLayout([BT // 32], [32], [gl.num_warps()], [0])
     for c in range(items.n_items):
         slot = c % NUM_SLOTS
-        start, n_rows, i_hv, rows = item_rows(items, c, inputs, gates, flags, rows_l)
+        start, n_rows, i_hv, rows = item_rows(items, c, inputs, gates, bounds, flags, rows_l)
         terms.bars.wait_ready(c)
         w_acc = warpgroup_mma(terms.tw.index(slot), inputs.k.index(slot), gl.zeros([BT, K], gl.float32, acc_tk),
                               use_acc=False, is_async=True)
@@ -344,8 +386,8 @@ def batch_descs(q, k, v, w, u, T, num_seqs, H, HV, K: gl.constexpr, V: gl.conste
 
 @gluon.jit
 def item_rings(q_desc, k_desc, v_desc):
-    """The input and the gate ring (their slots emptied by the aux and the writer partitions) and the terms
-    ring."""
+    """The input ring and its item bounds, the gate ring (their slots emptied by the aux and the writer
+    partitions) and the terms ring."""
     dtype: gl.constexpr = q_desc.block_type.element_ty
     BT: gl.constexpr = q_desc.block_type.shape[0]
     tile_tt: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], dtype)
@@ -354,7 +396,7 @@ def item_rings(q_desc, k_desc, v_desc):
                       gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, BT], tile_tt),
                       gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], gl.SwizzledSharedLayout(1, 1, 1, [0])),
                       SlotBarriers.make(1, 1))
-    return inputs, gates, terms
+    return inputs, ItemBounds.make(), gates, terms
 
 
 @gluon.jit
@@ -374,11 +416,11 @@ def prepare_chunks_warp_specialized(q, k, v, g, beta, cu_seqlens, w, u, gam, qg,
     if items.active():
         q_desc, k_desc, v_desc, w_desc, u_desc = batch_descs(q, k, v, w, u, T, num_seqs, H, HV, K, V, BT,
                                                              IS_VARLEN)
-        inputs, gates, terms = item_rings(q_desc, k_desc, v_desc)
+        inputs, bounds, gates, terms = item_rings(q_desc, k_desc, v_desc)
         inverse = InverseScratch.make(BT)
         out = item_outputs(w_desc, u_desc, w, u, gam, qg, kg, HV)
         gl.warp_specialize([
-            (_writer_partition, (items, inputs, gates, terms, out, flags)),
-            (_aux_partition, (items, inputs, gates, terms, inverse, flags)),
-            (_load_partition, (items, inputs, gates, q_desc, k_desc, v_desc, g, beta, HV)),
+            (_writer_partition, (items, inputs, gates, bounds, terms, out, flags)),
+            (_aux_partition, (items, inputs, gates, bounds, terms, inverse, flags)),
+            (_load_partition, (items, inputs, gates, bounds, q_desc, k_desc, v_desc, g, beta, HV)),
         ], [4, LOAD_WARPS], [AUX_REGS, LOAD_REGS])
