@@ -17,8 +17,9 @@ the loads of the next and the products and stores of the one before:
     staging tiles, a sequence's partial last chunk by masked stores (the rows after it are the next sequence's);
   * load (4 warps at LOAD_REGS): TMA of the item's q, k and v tiles into the input ring through descriptors over
     the whole batch (made once a program; rows past a sequence's end are zeroed by the algebra's masks, never
-    stored), and its gates (log2 units, for the decay) into the gate ring, read by the aux and the writer
-    partitions (the writer's own loads of g waited on HBM in front of its cumsum: docs/performance.md).
+    stored), with the item's rows (ItemBounds), and its gates (log2 units, for the decay) into the gate ring,
+    read by the aux and the writer partitions: the only partition that reads cu_seqlens and g, whose loads the
+    writer waited on when it made its own (docs/performance.md).
 One program an SM (216 KB of shared memory): the single-warpgroup kernel runs two an SM and pays every
 chunk's load latency and setup; here one chunk's inverse hides the next one's loads (docs/performance.md).
 Gating variants (fla's use_gate_in_kernel, ...) are not built this way: their beta may reach 2, where the fp16
