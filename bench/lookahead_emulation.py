@@ -1,8 +1,8 @@
 """CPU emulation of gdn_scan's chunk chain in two algebraically equal forms, with the kernels' roundings (bf16
 operands of every product: w, u, h, v_new, v_dec, P, M; fp32 accumulation), against the fp64 token recurrence:
   * today's: v_new_c = u_c - w_c h_c, then h_{c+1} = e^{gl_c} h_c + k_c^T v_dec_c;
-  * a one-chunk lookahead: v_new_{c+1} = u_{c+1} - e^{gl_c} (w_{c+1} h_c) - (w_{c+1} k_c^T) v_dec_c, whose chain
-    from chunk to chunk is one product (docs/performance.md, "a one-chunk lookahead").
+  * a one-chunk lookahead: v_new_{c+1} = u_{c+1} - e^{gl_c} (w_{c+1} h_c) - (w_{c+1} k_c^T) v_dec_c, whose v_dec
+    chain is one product a chunk (the state path beside it is not: docs/performance.md, "A lookahead").
 One sequence, q and k L2-normed, scale K^-1/2. Usage, from the repository root (no GPU):
     python3 bench/lookahead_emulation.py [--tokens 4096] [--g-scale 0.1] [--value-heads 4]
 """
