@@ -17,9 +17,9 @@ the loads of the next and the products and stores of the one before:
     staging tiles, a sequence's partial last chunk by masked stores (the rows after it are the next sequence's);
   * load (4 warps at LOAD_REGS): TMA of the item's q, k and v tiles into the input ring through descriptors over
     the whole batch (made once a program; rows past a sequence's end are zeroed by the algebra's masks, never
-    stored), with the item's rows (ItemBounds), and its gates (log2 units, for the decay) into the gate ring,
-    read by the aux and the writer partitions: the only partition that reads cu_seqlens and g, whose loads the
-    writer waited on when it made its own (docs/performance.md).
+    stored), beside them the item's rows (ItemBounds), and its gates (log2 units, for the decay) into the gate
+    ring. It is the only partition that reads cu_seqlens and g: the aux and writer partitions take the rows and
+    gam from it (the writer waited on those loads when it made its own: docs/performance.md).
 One program an SM (216 KB of shared memory): the single-warpgroup kernel runs two an SM and pays every
 chunk's load latency and setup; here one chunk's inverse hides the next one's loads (docs/performance.md).
 Gating variants (fla's use_gate_in_kernel, ...) are not built this way: their beta may reach 2, where the fp16
@@ -80,16 +80,20 @@ class ItemStream:
         """(first row, rows, key head, value head) of item c; rows <= 0: an idle slot (a varlen batch's spare
         ones). The rows come from cu_seqlens (dependent loads): the load partition looks them up, and passes them
         on through ItemBounds."""
-        pair = self.first + (c // self.group) * self.stride
+        pair = self.pair(c)
         start, n_rows = sequence_of_chunk_slot(pair % self.n_slots, self.cu_seqlens, self.T, self.num_seqs, self.BT,
                                                self.IS_VARLEN)
         return start, n_rows, pair // self.n_slots, self.value_head(c)
 
     @gluon.jit
+    def pair(self, c):
+        """The (chunk slot, key head) pair of item c."""
+        return self.first + (c // self.group) * self.stride
+
+    @gluon.jit
     def value_head(self, c):
         """The value head of item c."""
-        pair = self.first + (c // self.group) * self.stride
-        return (pair // self.n_slots) * self.group + c % self.group
+        return (self.pair(c) // self.n_slots) * self.group + c % self.group
 
     @gluon.jit
     def active(self):
