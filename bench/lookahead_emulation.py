@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
-from reference import recurrence_fp64, rel_max_err  # noqa: E402
+from reference import chunk_w_u, recurrence_fp64, rel_max_err  # noqa: E402
 
 
 def bf16(x):
@@ -30,15 +30,9 @@ def prepared_chunks(q, k, v, g, beta, BT=64):
     chunks = []
     for c0 in range(0, v.shape[0], BT):
         qc, kc, vc = (x[c0:c0 + BT].transpose(0, 1) for x in (q, k, v))
-        bc, gam = beta[c0:c0 + BT].T, torch.cumsum(g[c0:c0 + BT].T, -1)
-        n = kc.shape[1]
-        lower = torch.tril(torch.ones(n, n, dtype=torch.bool), -1)
-        decay = torch.exp((gam[:, :, None] - gam[:, None, :]).masked_fill(~lower, 0))
-        a = torch.where(lower, bc[:, :, None] * (kc @ kc.transpose(1, 2)) * decay, 0)
-        eye = torch.eye(n)
-        tc = torch.linalg.solve_triangular(eye + a, eye.expand(HV, n, n), upper=False, unitriangular=True)
-        chunks.append((bf16(qc), bf16(kc), bf16(tc @ ((bc * torch.exp(gam))[..., None] * kc)),
-                       bf16(tc @ (bc[..., None] * vc)), gam))
+        gam = torch.cumsum(g[c0:c0 + BT].T, -1)
+        w, u = chunk_w_u(kc, vc, beta[c0:c0 + BT].T, gam)
+        chunks.append((bf16(qc), bf16(kc), bf16(w), bf16(u), gam))
     return chunks
 
 

@@ -81,6 +81,21 @@ def chunked_fp64(q, k, v, g, beta, cu_seqlens, h0=None, scale=None, l2norm=False
     return o, ht
 
 
+def chunk_w_u(kc, vc, bc, gam):
+    """w and u of one chunk in torch, value heads batched (kc [HV, n, K], vc [HV, n, V], beta bc and gam =
+    cumsum(g) [HV, n]): A = beta_t (k k^T)_ts e^(gam_t - gam_s) below the diagonal, Tc = (I + A)^-1,
+    w = Tc diag(beta e^gam) k, u = Tc diag(beta) v."""
+    import torch
+
+    n = kc.shape[1]
+    eye = torch.eye(n, device=kc.device)
+    lower = torch.tril(torch.ones(n, n, device=kc.device, dtype=torch.bool), -1)
+    decay = torch.exp((gam[:, :, None] - gam[:, None, :]).masked_fill(~lower, 0))
+    A = torch.where(lower, bc[:, :, None] * (kc @ kc.transpose(1, 2)) * decay, 0)
+    Tc = torch.linalg.solve_triangular(eye + A, eye.expand(kc.shape[0], n, n), upper=False, unitriangular=True)
+    return Tc @ ((bc * torch.exp(gam))[..., None] * kc), Tc @ (bc[..., None] * vc)
+
+
 def chunked_torch(q, k, v, g, beta, cu_seqlens, h0=None, scale=None, l2norm=False, BT=64, checkpoint_every=0):
     """chunked_fp64 in torch fp32 (any device), vectorised over value heads; for large GPU cases (checkpoint_every:
     a multiple of BT)."""
@@ -98,7 +113,6 @@ def chunked_torch(q, k, v, g, beta, cu_seqlens, h0=None, scale=None, l2norm=Fals
     cu = [int(x) for x in cu_seqlens]
     o = torch.zeros(T, HV, V, device=v.device)
     ht = torch.zeros(len(cu) - 1, HV, K, V, device=v.device)
-    eye = torch.eye(BT, device=v.device)
     checkpoints = []
     for s in range(len(cu) - 1):
         h = torch.zeros(HV, K, V, device=v.device) if h0 is None else h0[s].float().clone()
@@ -108,13 +122,8 @@ def chunked_torch(q, k, v, g, beta, cu_seqlens, h0=None, scale=None, l2norm=Fals
             qc, kc, vc = q[c0:c1].transpose(0, 1), k[c0:c1].transpose(0, 1), v[c0:c1].transpose(0, 1)
             bc, gam = beta[c0:c1].T, torch.cumsum(g[c0:c1].T, dim=-1)  # [HV, n]
             diff = gam[:, :, None] - gam[:, None, :]
-            lower = torch.tril(torch.ones(n, n, device=v.device, dtype=torch.bool), -1)
             causal = torch.tril(torch.ones(n, n, device=v.device, dtype=torch.bool))
-            A = torch.where(lower, bc[:, :, None] * (kc @ kc.transpose(1, 2)) * torch.exp(diff.masked_fill(~lower, 0)), 0)
-            Tc = torch.linalg.solve_triangular(eye[:n, :n] + A, eye[:n, :n].expand(HV, n, n), upper=False,
-                                               unitriangular=True)
-            u = Tc @ (bc[..., None] * vc)
-            w = Tc @ ((bc * torch.exp(gam))[..., None] * kc)
+            w, u = chunk_w_u(kc, vc, bc, gam)
             v_new = u - w @ h
             M = torch.where(causal, torch.exp(diff.masked_fill(~causal, 0)), 0)
             o[c0:c1] = (scale * ((qc * torch.exp(gam)[..., None]) @ h + ((qc @ kc.transpose(1, 2)) * M) @ v_new)).transpose(0, 1)
