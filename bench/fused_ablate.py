@@ -99,12 +99,14 @@ def inputs(lens, HV=32, H=16, dtype=torch.bfloat16, seed=0):
 
 def launch(kernel, q, k, v, g, beta, cu, h0, o, ht):
     abi = importlib.import_module(kernel.fn.__module__.rsplit(".", 1)[0])  # the flag bits, from the kernel's copy
+    # the kernel's num_warps are its default partition's: STATE_WARPS of the (possibly replaced) source
+    num_warps = importlib.import_module(kernel.fn.__module__).STATE_WARPS.value
     T, H, HV = q.shape[1], q.shape[2], v.shape[2]
     flags = abi.FUSED_L2NORM | abi.FUSED_HAS_H0 | abi.FUSED_STORE_HT
     # g, g: the A_log, dt_bias a GATING=False kernel never reads; ht, 0, cu, 0: no checkpoints
     kernel[(len(cu) - 1, HV, 1)](q, k, v, g, beta, g, g, cu, h0, ht, cu, o, K ** -0.5, T, H, HV, flags, ht, 0, cu, 0,
                                  K=K, V=V, BT=64, IS_VARLEN=True, TRANSPOSE_STATE=False, GATING=False,
-                                 CHECKPOINTS=False, num_warps=8, maxnreg=128)
+                                 CHECKPOINTS=False, num_warps=num_warps, maxnreg=128)
 
 
 def check(kernel):
