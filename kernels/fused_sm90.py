@@ -507,8 +507,9 @@ def _unit_lower_inverse(blocks, solved, l_tile, n_tile, w_tile, d_tile, eye_tile
         N' = D^-1 (-L) = -N;  then N'^2 and W = (I + N') D^-1 together;  Tc = W + N'^2 W
     N'^2 and W take every operand from shared memory, N' from its staged tile, so that their two accumulators
     are the only registers they hold (one round trip fewer: 0.5-1 % of the kernel). W's identity term is a
-    product with eye_tile in the same accumulation as N' D^-1 (a product with I is exact). A tile is rewritten at least two stages after its last read, so the barrier of the stage in between
-    orders every warp's wgmma wait before the store."""
+    product with eye_tile in the same accumulation as N' D^-1 (a product with I is exact). A tile is rewritten at
+    least two stages after its last read, so the barrier of the stage in between orders every warp's wgmma wait
+    before the store. The warp-specialised gdn_prepare shares this inverse (InverseScratch)."""
     d_inv = _solve_diagonal_blocks(blocks, solved, zero)
     _stage(d_tile, d_inv)
     n = warpgroup_mma(d_tile, l_tile, zero, use_acc=False, is_async=True)  # N' = -N
