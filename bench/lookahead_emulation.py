@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
-from reference import chunk_w_u, recurrence_fp64, rel_max_err  # noqa: E402
+from reference import chunk_w_u, l2norm_torch, recurrence_fp64, rel_max_err  # noqa: E402
 
 
 def bf16(x):
@@ -23,8 +23,7 @@ def bf16(x):
 
 def prepared_chunks(q, k, v, g, beta, BT=64):
     """Per chunk: q, k (bf16, L2-normed, one per value head), w, u (bf16, as gdn_prepare stores them), gam."""
-    q = q / torch.sqrt((q * q).sum(-1, keepdim=True) + 1e-6)
-    k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+    q, k = l2norm_torch(q), l2norm_torch(k)
     HV = v.shape[1]
     q, k = (x.repeat_interleave(HV // x.shape[1], 1) for x in (q, k))
     chunks = []

@@ -23,6 +23,11 @@ def l2norm_np(x, eps=1e-6):
     return x / np.sqrt((x * x).sum(-1, keepdims=True) + eps)
 
 
+def l2norm_torch(x, eps=1e-6):
+    """l2norm_np for torch tensors (any device), in x's dtype."""
+    return x / ((x * x).sum(-1, keepdim=True) + eps).sqrt()
+
+
 def _setup_fp64(q, k, v, g, beta, cu_seqlens, scale, l2norm):
     """float64 inputs (q, k normalised if asked, expanded to the value heads), the scale, zeroed o and ht."""
     q, k, v, g, beta = (np.asarray(x, dtype=np.float64) for x in (q, k, v, g, beta))
@@ -103,8 +108,7 @@ def chunked_torch(q, k, v, g, beta, cu_seqlens, h0=None, scale=None, l2norm=Fals
 
     q, k, v, g, beta = (x.float() for x in (q, k, v, g, beta))
     if l2norm:
-        q = q / torch.sqrt((q * q).sum(-1, keepdim=True) + 1e-6)
-        k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+        q, k = l2norm_torch(q), l2norm_torch(k)
     T, HV, V = v.shape
     K = q.shape[-1]
     scale = K ** -0.5 if scale is None else scale
