@@ -43,7 +43,7 @@ once the aux's and the state's MMAs and the norms partition have read them), the
 terms (Tv, P, row scalings; aux -> state).
 TMEM, all 512 columns: S 128, its 16-bit copy 64 (whose columns then hold the 16-bit kh, then v_new, and v_dec),
 S k^T then v_new P^T 64, S q^T 64, v_new 64; the aux's k k^T (then the inverse's accumulator) and q k^T 64 each.
-Shared memory (201 KB): inputs 2 x 48 KB, terms 2 x 17 KB, gates 2.5 KB, the inverse's two fp32 operand tiles
+Shared memory (203 KB): inputs 2 x 48 KB, terms 2 x 18 KB, gates 2.5 KB, the inverse's two fp32 operand tiles
 32 KB, o staging 2 x 16 KB.
 """
 from triton.experimental import gluon
@@ -164,7 +164,7 @@ def _aux_partition(inputs, gates, terms, scratch, q_desc, seq_len, flags):
 
         # --- the row scalings and P go out first, so that only A is live through the inverse
         terms.bars.wait_empty(c)
-        a_rows = publish_row_scalings(terms, gates, c, gam_r, seq_len, rows)
+        a_rows = publish_row_scalings(terms, gates, c, seq_len, rows)
         terms.p.index(slot).store((qk * decay).to(dtype))
         a = gl.where(i > j, kk * decay * gl.expand_dims(a_rows, 1), 0.0)
         gates.bars.release(c)

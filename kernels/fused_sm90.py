@@ -41,7 +41,7 @@ Partitions, 16 warps (registers a thread by setmaxnreg; the kernel is compiled a
 Rings (InputRing, GateRing, TermRing below; each slot a ready and an empty mbarrier, SlotBarriers): the inputs
 (load -> aux, state and norms), the gates (load -> aux; the aux partition adds rk) and the chunk terms (aux ->
 state, and rq, norms -> state).
-Shared memory (202 KB of the 227 KB a CTA may have): inputs 2 x 48 KB, terms 2 x 17 KB, the inverse's five fp16
+Shared memory (204 KB of the 227 KB a CTA may have): inputs 2 x 48 KB, terms 2 x 18 KB, the inverse's five fp16
 tiles 40 KB (one the identity) and 8 KB of fp32 blocks, o staging 16 KB; one program an SM.
 """
 from triton.experimental import gluon
@@ -77,7 +77,7 @@ K_SCALE = gl.constexpr(1)
 V_SCALE = gl.constexpr(2)
 O_SCALE = gl.constexpr(3)
 STATE_SCALE = gl.constexpr(4)  # e^gl in every entry
-SCALINGS = gl.constexpr(5)
+SCALINGS = gl.constexpr(8)  # a power of two, so that a slot's rows are one tensor (the last three are unused)
 # the inverse's fp16 operand tiles: -L, N', W, D^-1 and the identity (written once)
 L_TILE = gl.constexpr(0)
 N_TILE = gl.constexpr(1)
@@ -138,6 +138,13 @@ class SlotBarriers:
         """Every warp of the consuming partition is done with the slot: one arrive on empty."""
         gl.thread_barrier()
         mbarrier.arrive(self.empty.index(chunk % NUM_SLOTS), count=1)
+
+    @gluon.jit
+    def release_with(self, other, chunk):
+        """release, of this ring's and the `other` ring's slots of a chunk, at one partition barrier."""
+        gl.thread_barrier()
+        mbarrier.arrive(self.empty.index(chunk % NUM_SLOTS), count=1)
+        mbarrier.arrive(other.empty.index(chunk % NUM_SLOTS), count=1)
 
 
 @aggregate
@@ -202,6 +209,14 @@ class TermRing:
     def scaling(self, chunk, row):
         """Row `row` of chunk `chunk`'s scalings ([BT] fp32)."""
         return self.scalings.index((chunk % NUM_SLOTS) * SCALINGS + row)
+
+    @gluon.jit
+    def slot_scalings(self, chunk):
+        """All SCALINGS rows of chunk `chunk`'s scalings ([SCALINGS, BT] fp32)."""
+        BT: gl.constexpr = self.scalings.shape[1]
+        slots = self.scalings._reinterpret(gl.float32, [NUM_SLOTS, SCALINGS, BT],
+                                           gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+        return slots.index(chunk % NUM_SLOTS)
 
 
 @aggregate
@@ -358,23 +373,29 @@ def _load_partition(inputs, gates, q_desc, k_desc, v_desc, gate_source, seq_len,
 
 
 @gluon.jit
-def publish_row_scalings(terms, gates, c, gam_r, seq_len, rows: gl.constexpr):
-    """Chunk c's aux rows of the scalings into the terms ring, from the gate ring (gam_r: gam in the `rows`
-    layout); returns beta rk, the row factor of A (both arches' aux partitions)."""
-    BT: gl.constexpr = gam_r.shape[0]
+def publish_row_scalings(terms, gates, c, seq_len, rows: gl.constexpr):
+    """Chunk c's aux rows of the scalings into the terms ring, from the gate ring, as one [SCALINGS, BT] tensor: a
+    thread a column, so one store (row by row, each store waited for the one before at a partition barrier, as
+    the rows share one allocation); returns beta rk in the `rows` layout, the row factor of A (both arches' aux
+    partitions)."""
+    BT: gl.constexpr = gates.gam.shape[1]
+    layout: gl.constexpr = gl.BlockedLayout([SCALINGS // 2, 1], [2, 16], [1, gl.num_warps()], [0, 1])
+    cols: gl.constexpr = gl.SliceLayout(0, layout)
     slot = c % NUM_SLOTS
-    beta = gates.beta.index(slot).load(rows)
-    rk = gates.rk.index(slot).load(rows)
-    gam_last = gates.gam_last.index(slot).load(rows)
-    e_gam = gl.exp2(gam_r)
-    terms.scaling(c, BETA).store(beta)
-    terms.scaling(c, K_SCALE).store(-e_gam * rk)
+    gam = gates.gam.index(slot).load(cols)
+    rk = gates.rk.index(slot).load(cols)
+    gam_last = gates.gam_last.index(slot).load(cols)
+    e_gam = gl.exp2(gam)
     # rows past the sequence's end get v_dec = 0, so they never reach the state
-    terms.scaling(c, V_SCALE).store(gl.where(gl.arange(0, BT, rows) < seq_len - c * BT,
-                                             gl.exp2(gam_last - gam_r) * rk, 0.0))
-    terms.scaling(c, O_SCALE).store(e_gam)
-    terms.scaling(c, STATE_SCALE).store(gl.exp2(gam_last))
-    return beta * rk
+    v_scale = gl.where(gl.arange(0, BT, cols) < seq_len - c * BT, gl.exp2(gam_last - gam) * rk, 0.0)
+    row = gl.expand_dims(gl.arange(0, SCALINGS, gl.SliceLayout(1, layout)), 1)
+    scalings = gl.where(row == BETA, gl.expand_dims(gates.beta.index(slot).load(cols), 0),
+                        gl.where(row == K_SCALE, gl.expand_dims(-e_gam * rk, 0),
+                                 gl.where(row == V_SCALE, gl.expand_dims(v_scale, 0),
+                                          gl.where(row == O_SCALE, gl.expand_dims(e_gam, 0),
+                                                   gl.expand_dims(gl.exp2(gam_last), 0)))))
+    terms.slot_scalings(c).store(scalings)
+    return gates.beta.index(slot).load(rows) * gates.rk.index(slot).load(rows)
 
 
 @gluon.jit
@@ -574,13 +595,13 @@ def _aux_partition(inputs, gates, terms, inverse, q_desc, seq_len, flags):
         # --- the row scalings, A and its two parts, then P: only the decay matrix is live beside one product
         terms.bars.wait_empty(c)
         gam_r = gates.gam.index(slot).load(rows)
-        a_rows = publish_row_scalings(terms, gates, c, gam_r, seq_len, rows)
+        a_rows = publish_row_scalings(terms, gates, c, seq_len, rows)
         decay = chunk_decay(gates, c, gam_r, i, j, seq_len - c * BT, cols)
-        gates.bars.release(c)
         # -A: the inverse's tiles hold the negated blocks (_unit_lower_inverse)
         inverse.stage(kk * decay * gl.expand_dims(-a_rows, 1), c)
         qk = warpgroup_mma(q_s, k_s.permute((1, 0)), zero, use_acc=False)
-        inputs.bars.release(c)
+        # the gate slot goes back with the input slot, at one barrier: the load partition refills it 2 chunks ahead
+        inputs.bars.release_with(gates.bars, c)
         terms.p.index(slot).store((qk * decay).to(dtype))
         fence_async_shared()
         gl.thread_barrier()
