@@ -11,6 +11,9 @@ profiles the third launch under ncu (--set full, --clock-control none) and expor
 stall-reason columns. report finds the loops from the predicated backward branches of that SASS and prints, for
 each loop of at least --min-insns instructions: its samples and share of the kernel's, the leading stall reasons,
 and the instructions with the most samples, each with the one before it (which names the barrier or product).
+With --phases, each loop also in phases: its body cut after every partition barrier, wgmma wait, mbarrier wait
+(with its retry branch) or arrive, and async-proxy fence, each phase with its instructions and share of the loop's
+samples (docs/performance.md groups them into named steps).
 """
 import argparse
 import csv
@@ -52,7 +55,28 @@ def outer_loops(ranges):
     return sorted((a, b) for a, b in set(ranges) if not any(c <= a and b <= d and (c, d) != (a, b) for c, d in ranges))
 
 
-def partition_report(path, min_insns=100, top=8):
+# where a phase of a loop ends: the partition barrier, wgmma wait, mbarrier arrive and async-proxy fence themselves, and
+# an mbarrier try-wait at the first branch after it (to its retry path, where the waiting warps' samples land)
+_PHASE_ENDS = ("BAR.SYNC", "WARPGROUP.DEPBAR", "SYNCS.ARRIVE", "FENCE.VIEW.ASYNC")
+_WAIT = "SYNCS.PHASECHK"
+
+
+def phases(body):
+    """A loop body [(offset, sass, samples, reasons)] cut into [(first, last, instructions, samples, end)]."""
+    out, first, count, samples, wait = [], None, 0, 0, False
+    for off, text, n, _ in body:
+        first = off if first is None else first
+        count, samples = count + 1, samples + n
+        wait = wait or _WAIT in text
+        if (wait and " BRA " in f" {text} ") or any(k in text for k in _PHASE_ENDS):
+            out.append((first, off, count, samples, text))
+            first, count, samples, wait = None, 0, 0, False
+    if first is not None:
+        out.append((first, body[-1][0], count, samples, body[-1][1]))
+    return out
+
+
+def partition_report(path, min_insns=100, top=8, with_phases=False):
     from gdn_aot.build.sass import instructions, loop_ranges
 
     base, insns = read_source_page(path)
@@ -77,6 +101,11 @@ def partition_report(path, min_insns=100, top=8):
             lead = ", ".join(f"{k} {v}" for k, v in Counter(w).most_common(2))
             before = prev.get(off, "")
             lines.append(f"  {off:#07x} {m:7d} {100 * m / n:5.1f} %  {text[:48]:48}  [{lead}]  after: {before[:56]}")
+        if with_phases:
+            lines.append("  phases:")
+            for first, last, count, m, end in phases(body):
+                lines.append(f"  {first:#07x}-{last:#07x} {count:4d} instructions {100 * m / n:5.1f} %  "
+                             f"ends: {end[:56]}")
     return "\n".join(lines)
 
 
@@ -123,13 +152,14 @@ def main(argv=None):
     p.add_argument("csv")
     p.add_argument("--min-insns", type=int, default=100, help="smaller loops (mbarrier retries) are left out")
     p.add_argument("--top", type=int, default=8, help="instructions listed a loop")
+    p.add_argument("--phases", action="store_true", help="each loop also cut at its barriers, waits and fences")
     args = ap.parse_args(argv)
     if args.step == "record":
         record(args.case, args.out)
     elif args.step == "launch":
         launch(args.case)
     else:
-        print(partition_report(args.csv, args.min_insns, args.top))
+        print(partition_report(args.csv, args.min_insns, args.top, args.phases))
 
 
 if __name__ == "__main__":

@@ -59,3 +59,15 @@ def test_report_sums_samples_per_chunk_loop(tmp_path):
     top = [line for line in report.splitlines() if line.startswith("  0x")]
     assert top[0].split()[:3] == ["0x00020", "60", "63.2"] and "after: SYNCS.PHASECHK" in top[0]
     assert top[1].split()[:2] == ["0x00040", "20"] and "after: HGMMA" in top[1]
+
+
+def test_phases_cut_a_loop_at_its_waits_and_barriers(tmp_path):
+    """The try-wait's retry branch, where its warps wait, stays in the wait's phase; the wgmma wait ends the next."""
+    _write_page(tmp_path / "source.csv")
+    _, insns = partition_profile.read_source_page(tmp_path / "source.csv")
+    loop = [x for x in insns if 0x10 <= x[0] <= 0x50]
+    assert [p[:4] for p in partition_profile.phases(loop)] == [(0x10, 0x20, 2, 61), (0x30, 0x40, 2, 30),
+                                                                (0x50, 0x50, 1, 4)]
+    report = partition_profile.partition_report(tmp_path / "source.csv", min_insns=3, top=1, with_phases=True)
+    assert "  0x00010-0x00020    2 instructions  64.2 %  ends: @!P0  BRA" in report
+    assert "  0x00030-0x00040    2 instructions  31.6 %  ends: WARPGROUP.DEPBAR" in report
