@@ -24,12 +24,12 @@ Partitions, 16 warps (registers a thread by setmaxnreg; the kernel is compiled a
     same when S q^T is still in flight while v_new's product is issued: S k^T and S q^T are waited on together;
   * aux, one warpgroup, AUX_REGS: what a chunk needs that does not depend on the state, up to NUM_SLOTS chunks
     ahead of it: k k^T and q k^T on wgmma (rk is the diagonal of k k^T), the decay matrix, P, the row scalings,
-    and Tc by the blocked inverse: the diagonal 16 x 16 blocks by forward substitution in fp32 on the CUDA cores
-    (a thread a column), then fp16 wgmma in three round trips whose A operands are registers (the accumulator's
-    own, converted in place) or a staged tile, their B operands staged fp16 tiles, W's identity term a product
-    with an identity tile. Two products are in flight at once only where all their operands are in shared memory:
-    with a register A operand, the second accumulator needs more registers than the partition has, and ptxas
-    then serialises every wgmma of the kernel (C7512);
+    and Tc by the blocked inverse: the diagonal 16 x 16 blocks by forward substitution in fp32 in the registers
+    that hold them (warp shuffles), then fp16 wgmma in three round trips whose A operands are registers (the
+    accumulator's own, converted in place) or a staged tile, their B operands staged fp16 tiles. Two products are
+    in flight at once only where all their operands are in shared memory: with a register A operand, the second
+    accumulator needs more registers than the partition has, and ptxas then serialises every wgmma of the kernel
+    (C7512);
   * load, LOAD_WARPS warps at LOAD_REGS: TMA of the q, k, v tiles through per-sequence descriptors whose row
     bound is the sequence's length (a chunk's tail is zero-filled and never reads the next sequence) and the
     chunk's gates (gam = cumsum(g) by a warp scan), a chunk ahead of the tiles;
@@ -41,8 +41,8 @@ Partitions, 16 warps (registers a thread by setmaxnreg; the kernel is compiled a
 Rings (InputRing, GateRing, TermRing below; each slot a ready and an empty mbarrier, SlotBarriers): the inputs
 (load -> aux, state and norms), the gates (load -> aux; the aux partition adds rk) and the chunk terms (aux ->
 state, and rq, norms -> state).
-Shared memory (204 KB of the 227 KB a CTA may have): inputs 2 x 48 KB, terms 2 x 18 KB, the inverse's five fp16
-tiles 40 KB (one the identity) and 8 KB of fp32 blocks, o staging 16 KB; one program an SM.
+Shared memory (188 KB of the 227 KB a CTA may have): inputs 2 x 48 KB, terms 2 x 18 KB, the inverse's four fp16
+tiles 32 KB, o staging 16 KB; one program an SM.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -78,13 +78,12 @@ V_SCALE = gl.constexpr(2)
 O_SCALE = gl.constexpr(3)
 STATE_SCALE = gl.constexpr(4)  # e^gl in every entry
 SCALINGS = gl.constexpr(8)  # a power of two, so that a slot's rows are one tensor (the last three are unused)
-# the inverse's fp16 operand tiles: -L, N', W, D^-1 and the identity (written once)
+# the inverse's fp16 operand tiles: -L, N', W and D^-1
 L_TILE = gl.constexpr(0)
 N_TILE = gl.constexpr(1)
 W_TILE = gl.constexpr(2)
 D_TILE = gl.constexpr(3)
-EYE_TILE = gl.constexpr(4)
-INVERSE_TILES = gl.constexpr(5)
+INVERSE_TILES = gl.constexpr(4)
 BLOCK = gl.constexpr(16)  # the inverse's diagonal blocks
 
 
@@ -221,24 +220,18 @@ class TermRing:
 
 @aggregate
 class InverseScratch:
-    """The aux partition's working tiles for the inverse (_unit_lower_inverse): fp16 operand tiles [INVERSE_TILES,
-    BT, BT] (L_TILE ... EYE_TILE) and fp32 [2, BLOCK, BT / BLOCK, BLOCK]: the diagonal blocks of -A, then their
-    inverses."""
+    """The aux partition's fp16 operand tiles for the inverse (_unit_lower_inverse), [INVERSE_TILES, BT, BT]:
+    L_TILE ... D_TILE."""
     tiles: gl.shared_memory_descriptor
-    blocks: gl.shared_memory_descriptor
 
     @gluon.constexpr_function
-    def __init__(self, tiles, blocks):
+    def __init__(self, tiles):
         self.tiles = tiles
-        self.blocks = blocks
 
     @gluon.jit
     def make(BT: gl.constexpr):
-        tiles = gl.allocate_shared_memory(gl.float16, [INVERSE_TILES, BT, BT],
-                                          gl.NVMMASharedLayout.get_default_for([BT, BT], gl.float16))
-        blocks = gl.allocate_shared_memory(gl.float32, [2, BLOCK, BT // BLOCK, BLOCK],
-                                           gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
-        return InverseScratch(tiles, blocks)
+        return InverseScratch(gl.allocate_shared_memory(gl.float16, [INVERSE_TILES, BT, BT],
+                                                        gl.NVMMASharedLayout.get_default_for([BT, BT], gl.float16)))
 
     @gluon.jit
     def tile(self, which, c):
@@ -247,31 +240,19 @@ class InverseScratch:
         return self.tiles.index(loop_variant(which, c))
 
     @gluon.jit
-    def write_identity(self, layout: gl.constexpr):
-        """The identity into EYE_TILE, once (the inverse's identity terms are products with it), from a [BT, BT]
-        register `layout`; returns the tile."""
-        BT: gl.constexpr = self.tiles.shape[1]
-        i = gl.expand_dims(gl.arange(0, BT, gl.SliceLayout(1, layout)), 1)
-        j = gl.expand_dims(gl.arange(0, BT, gl.SliceLayout(0, layout)), 0)
-        eye_tile = self.tiles.index(EYE_TILE)
-        eye_tile.store(gl.where(i == j, 1.0, 0.0).to(gl.float16))
-        fence_async_shared()
-        gl.thread_barrier()
-        return eye_tile
-
-    @gluon.jit
     def stage(self, neg_a, c):
-        """-A of chunk c in the two forms the inverse reads: its diagonal blocks -Lb in fp32 (the forward
-        substitution's) and the rest, -L, as an fp16 operand tile (A's diagonal is never read). The fence and
-        barrier that make them visible are the caller's."""
-        _stage_diagonal_blocks(neg_a, self.blocks.index(0))
+        """-A of chunk c without its diagonal blocks, -L, as the fp16 operand tile of N' (A's diagonal is never
+        read); returns the inverses of its diagonal blocks (_invert_diagonal_blocks). The fence and barrier that
+        make the tile visible are the caller's."""
         self.tile(L_TILE, c).store(_off_diagonal_blocks(neg_a).to(gl.float16))
+        return _invert_diagonal_blocks(neg_a)
 
     @gluon.jit
-    def invert(self, c, eye_tile, zero):
-        """Tc = (I + A)^-1 of chunk c from its staged -A (_unit_lower_inverse)."""
-        return _unit_lower_inverse(self.blocks.index(0), self.blocks.index(1), self.tile(L_TILE, c),
-                                   self.tile(N_TILE, c), self.tile(W_TILE, c), self.tile(D_TILE, c), eye_tile, zero)
+    def invert(self, c, d_blocks, zero):
+        """Tc = (I + A)^-1 of chunk c from its staged -L and the inverses of its diagonal blocks
+        (_unit_lower_inverse)."""
+        return _unit_lower_inverse(d_blocks, self.tile(L_TILE, c), self.tile(N_TILE, c), self.tile(W_TILE, c),
+                                   self.tile(D_TILE, c), zero)
 
 
 @gluon.jit
@@ -478,67 +459,95 @@ def _off_diagonal_blocks(x):
     return gl.reshape(x4 * (1.0 - _same_block(x4).to(gl.float32)), [BT, BT])
 
 
-@gluon.jit
-def _stage_diagonal_blocks(a, blocks):
-    """The diagonal blocks of a [BT, BT] into `blocks`, fp32 [BLOCK, BT / BLOCK, BLOCK] with column s of block b
-    at [s, b], as _solve_diagonal_blocks reads them."""
-    blocks.store(gl.permute(_diagonal_blocks(a), [2, 0, 1]))
+def _forward_substitution_ptx():
+    """PTX of _invert_diagonal_blocks for one thread's 8 entries of its warp's block: outputs $0-$7 X, inputs
+    $8-$15 Nb (strictly lower), $16-$23 the identity, $24-$31 the thread's lane l (8 copies), each in
+    BLOCK_REGISTERS' order.
+
+    Step s adds Nb[t, s] X[s, :] to every row t of X: row s is final by then, and Nb[t, s] = 0 for t <= s. Lane
+    4 (s % 8) + l % 4 holds row s in lane l's columns (register row half s // 8); lane 4 (l // 4) + (s % 8) // 2
+    holds column s of lane l's rows. Rows s < 8 are 0 in the columns 8-15, and rows t < 8 take no step s >= 8:
+    each step is 2-4 shuffles of X, 1-2 of Nb (not on the dependent chain) and 4 FMA. (Blocked by 8, the chain is
+    9 rounds of shuffles instead of 15, but with 90 shuffles instead of 67 the kernel was 4 % slower: the shuffles
+    share the shared-memory pipe with both partitions' loads and stores.)"""
+    def reg(row_half, col_half, col_bit):
+        return col_bit + 2 * row_half + 4 * col_half
+    lines = ["{", ".reg .u32 pair, quad, xsrc, nsrc;", ".reg .f32 x<8>, xs<4>, ns<2>;",
+             "and.b32 pair, $24, 3;", "and.b32 quad, $24, 28;"]
+    lines += [f"mov.b32 x{r}, ${16 + r};" for r in range(8)]
+    for s in range(BLOCK.value - 1):
+        row_halves = (0, 1) if s < 8 else (1,)
+        col_halves = (0,) if s < 8 else (0, 1)
+        lines += [f"or.b32 xsrc, pair, {4 * (s % 8)};", f"or.b32 nsrc, quad, {(s % 8) // 2};"]
+        lines += [f"shfl.sync.idx.b32 xs{2 * ch + cb}, x{reg(s // 8, ch, cb)}, xsrc, 31, -1;"
+                  for ch in col_halves for cb in (0, 1)]
+        lines += [f"shfl.sync.idx.b32 ns{th}, ${8 + reg(th, s // 8, s % 2)}, nsrc, 31, -1;" for th in row_halves]
+        lines += [f"fma.rn.f32 x{reg(th, ch, cb)}, ns{th}, xs{2 * ch + cb}, x{reg(th, ch, cb)};"
+                  for th in row_halves for ch in col_halves for cb in (0, 1)]
+    lines += [f"mov.b32 ${r}, x{r};" for r in range(8)]
+    return "\n".join(lines + ["}"])
+
+
+FORWARD_SUBSTITUTION = gl.constexpr(_forward_substitution_ptx())
+FORWARD_SUBSTITUTION_OPERANDS = gl.constexpr(",".join(["=f"] * 8 + ["f"] * 16 + ["r"] * 8))
+# a warp's diagonal block of a [BT, BT] wgmma accumulator, [BT / BLOCK, BLOCK, BLOCK] (block, row, column): lane l
+# holds rows l // 4 + {0, 8} and columns 2 (l % 4) + {0, 1, 8, 9} of it, its registers ordered by column bit 0, row
+# bit 3, column bit 3 (the layout of _diagonal_blocks' result, named so that the PTX can rely on it)
+BLOCK_REGISTERS = gl.constexpr(gl.DistributedLinearLayout(
+    reg_bases=[[0, 0, 1], [0, 8, 0], [0, 0, 8]], lane_bases=[[0, 0, 2], [0, 0, 4], [0, 1, 0], [0, 2, 0], [0, 4, 0]],
+    warp_bases=[[1, 0, 0], [2, 0, 0]], block_bases=[], shape=[4, BLOCK, BLOCK]))
 
 
 @gluon.jit
-def _solve_diagonal_blocks(blocks, solved, like):
-    """D^-1 = (I - Nb)^-1 for Nb the staged diagonal blocks of -A, by forward substitution in fp32 on the CUDA
-    cores; returned block diagonal in the layout of `like` (the [BT, BT] wgmma accumulator layout).
+def _invert_diagonal_blocks(neg_a):
+    """D^-1 = (I - Nb)^-1 for Nb the diagonal 16 x 16 blocks of -A (neg_a, [BT, BT] in the wgmma accumulator
+    layout), [BT / BLOCK, BLOCK, BLOCK] in BLOCK_REGISTERS, by forward substitution in fp32 on the CUDA cores.
 
-    A thread owns one column of one block's inverse X, its BLOCK rows in registers. Step s adds Nb[t, s] X[s, :]
-    to the rows t > s of X (row s is final by then): 120 FMA a thread, only Nb's strictly lower entries read (the
-    staged blocks may hold anything on and above the diagonal), the columns of Nb by broadcast 16-byte loads, no
-    barrier and no tensor-core round trip. Repeated squaring, which this replaces, was 7 dependent wgmma and 3
-    staged fp16 tiles, and formed the powers of a block, which grow where the inverse does not (alike keys; beta
-    up to 2)."""
-    NB: gl.constexpr = blocks.shape[1]
-    BT: gl.constexpr = NB * BLOCK
-    columns = blocks._reinterpret(gl.float32, blocks.shape, gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-    # [block, row, column]: rows in registers, 16 lanes along the columns, blocks over lanes and warps (each
-    # column twice over the 4 warps)
-    solve: gl.constexpr = gl.BlockedLayout([1, BLOCK, 1], [2, 1, 16], [gl.num_warps(), 1, 1], [1, 2, 0])
-    t, col = _in_block_indices(solve)
-    x = gl.where(t == col, 1.0, 0.0) + gl.zeros([NB, BLOCK, BLOCK], gl.float32, solve)
-    for s in gl.static_range(BLOCK - 1):
-        x_s = gl.sum(gl.where(t == s, x, -0.0), axis=1)  # row s: one register (adding -0.0 folds away)
-        # only the rows below s change (t is a register index: the select is resolved at compile time)
-        x = gl.where(t > s, x + gl.expand_dims(columns.index(s).load(gl.SliceLayout(2, solve)), 2)
-                     * gl.expand_dims(x_s, 1), x)
-    solved = solved._reinterpret(gl.float32, [NB, BLOCK, BLOCK], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
-    solved.store(x)
-    gl.thread_barrier()
-    # back in the accumulator layout: each block repeated along its block row, the off-diagonal copies zero
+    Warp b holds block b of the accumulator already (two rows and four columns a thread), so the substitution runs
+    where the block is: 15 dependent steps of warp shuffles and FMA (FORWARD_SUBSTITUTION, PTX because Gluon has
+    no lane shuffle), no shared memory and no barrier. Staged for a thread a column and brought back to the
+    accumulator layout, as before, it cost 4 % more of the kernel's time. The lane comes in as an operand: read in
+    the loop (S2R), it waited behind the partition's shared-memory stores (1 %)."""
+    blocks = gl.convert_layout(_diagonal_blocks(neg_a), BLOCK_REGISTERS)
+    t, col = _in_block_indices(BLOCK_REGISTERS)
+    eye = gl.where(t == col, 1.0, 0.0) + gl.zeros_like(blocks)
+    lane = 4 * (t % 8) + (col % 8) // 2
+    return gl.inline_asm_elementwise(FORWARD_SUBSTITUTION, FORWARD_SUBSTITUTION_OPERANDS,
+                                     [gl.where(t > col, blocks, 0.0), eye, lane], dtype=gl.float32, is_pure=True,
+                                     pack=8)
+
+
+@gluon.jit
+def _block_diagonal(blocks, like):
+    """[BT, BT] in the layout of `like` (the wgmma accumulator layout) with `blocks` [BT / BLOCK, BLOCK, BLOCK] on
+    its diagonal and zeros elsewhere: each block repeated along its block row, the off-diagonal copies zero, all
+    in the registers that hold them."""
+    NB: gl.constexpr = blocks.shape[0]
     view = gl.reshape(like, [NB, BLOCK, NB, BLOCK])
-    spread = gl.where(_same_block(view), gl.expand_dims(solved.load(gl.SliceLayout(2, view.type.layout)), 2), 0.0)
-    return gl.convert_layout(gl.reshape(spread, [BT, BT]), like.type.layout)
+    spread = gl.where(_same_block(view), gl.expand_dims(gl.convert_layout(blocks, gl.SliceLayout(2, view.type.layout)),
+                                                        2), 0.0)
+    return gl.convert_layout(gl.reshape(spread, [NB * BLOCK, NB * BLOCK]), like.type.layout)
 
 
 @gluon.jit
-def _unit_lower_inverse(blocks, solved, l_tile, n_tile, w_tile, d_tile, eye_tile, zero):
+def _unit_lower_inverse(d_blocks, l_tile, n_tile, w_tile, d_tile, zero):
     """(I + A)^-1 for strictly lower-triangular A [BT, BT] (BT = 64), blocked by 16 (docs/algorithm.md): I + A =
     D (I + N) with D = I + Lb, Lb the diagonal 16 x 16 blocks of A and L the rest, N = D^-1 L, N^4 = 0.
-    blocks holds -Lb (fp32, _stage_diagonal_blocks), l_tile -L (fp16, staged), eye_tile the identity (fp16,
-    written once). D^-1 by forward substitution (_solve_diagonal_blocks), then fp16 wgmma (fp16 has tf32's
-    10-bit mantissa), accumulation in fp32, in three round trips:
+    d_blocks holds D^-1's blocks (_invert_diagonal_blocks), l_tile -L (fp16, staged). Then fp16 wgmma (fp16 has
+    tf32's 10-bit mantissa), accumulation in fp32, in three round trips:
         N' = D^-1 (-L) = -N;  then N'^2 and W = (I + N') D^-1 together;  Tc = W + N'^2 W
-    N'^2 and W take every operand from shared memory, N' from its staged tile, so that their two accumulators
-    are the only registers they hold (one round trip fewer: 0.5-1 % of the kernel). W's identity term is a
-    product with eye_tile in the same accumulation as N' D^-1 (a product with I is exact). A tile is rewritten at
-    least two stages after its last read, so the barrier of the stage in between orders every warp's wgmma wait
-    before the store. The warp-specialised gdn_prepare shares this inverse (InverseScratch)."""
-    d_inv = _solve_diagonal_blocks(blocks, solved, zero)
+    W's accumulation starts from D^-1. N'^2 and W take every operand from shared memory, so that their two
+    accumulators are the only registers they hold (one round trip fewer: 0.5-1 % of the kernel). N' with D^-1 as
+    its register A operand either spills (14 values) or makes ptxas serialise every wgmma (C7512). A tile is
+    rewritten at least two stages after its last read, so the barrier of the stage in between orders every warp's
+    wgmma wait before the store. The warp-specialised gdn_prepare shares this inverse (InverseScratch)."""
+    d_inv = _block_diagonal(d_blocks, zero)
     _stage(d_tile, d_inv)
     n = warpgroup_mma(d_tile, l_tile, zero, use_acc=False, is_async=True)  # N' = -N
     n = warpgroup_mma_wait(0, deps=[n])
     _stage(n_tile, n)
     n2 = warpgroup_mma(n_tile, n_tile, zero, use_acc=False, is_async=True)
-    w = warpgroup_mma(eye_tile, d_tile, zero, use_acc=False, is_async=True)
-    w = warpgroup_mma(n_tile, d_tile, w, use_acc=True, is_async=True)  # D^-1 + N' D^-1
+    w = warpgroup_mma(n_tile, d_tile, d_inv, use_acc=True, is_async=True)  # D^-1 + N' D^-1
     n2, w = warpgroup_mma_wait(0, deps=[n2, w])
     _stage(w_tile, w)
     tc = _product(n2, w_tile, w, use_acc=True)
@@ -575,7 +584,6 @@ def _aux_partition(inputs, gates, terms, inverse, q_desc, seq_len, flags):
     i0 = gl.expand_dims(gl.arange(0, BT, rows), 1)
     j0 = gl.expand_dims(gl.arange(0, BT, cols), 0)
     zero = gl.zeros([BT, BT], gl.float32, acc_tt)
-    eye_tile = inverse.write_identity(acc_tt)
     for c in range(gl.cdiv(seq_len, BT)):
         slot = c % NUM_SLOTS
         inputs.bars.wait_ready(c)
@@ -597,8 +605,8 @@ def _aux_partition(inputs, gates, terms, inverse, q_desc, seq_len, flags):
         gam_r = gates.gam.index(slot).load(rows)
         a_rows = publish_row_scalings(terms, gates, c, seq_len, rows)
         decay = chunk_decay(gates, c, gam_r, i, j, seq_len - c * BT, cols)
-        # -A: the inverse's tiles hold the negated blocks (_unit_lower_inverse)
-        inverse.stage(kk * decay * gl.expand_dims(-a_rows, 1), c)
+        # -A: the inverse takes the negated blocks (_unit_lower_inverse)
+        d_blocks = inverse.stage(kk * decay * gl.expand_dims(-a_rows, 1), c)
         qk = warpgroup_mma(q_s, k_s.permute((1, 0)), zero, use_acc=False)
         # the gate slot goes back with the input slot, at one barrier: the load partition refills it 2 chunks ahead
         inputs.bars.release_with(gates.bars, c)
@@ -606,7 +614,7 @@ def _aux_partition(inputs, gates, terms, inverse, q_desc, seq_len, flags):
         fence_async_shared()
         gl.thread_barrier()
 
-        tc = inverse.invert(c, eye_tile, zero)
+        tc = inverse.invert(c, d_blocks, zero)
         publish_inverse(terms, c, tc, dtype)
         fence_async_shared()
         terms.bars.publish(c)

@@ -2,13 +2,13 @@
 
 Same grid, arguments and outputs as prepare_sm90.py (steps 1-3 of docs/algorithm.md: w, u, gam, qg and kg for
 gdn_scan), but persistent: the first SM-count programs of the grid (%nsmid) each stride over its
-(chunk slot, key head) pairs and the rest end at once, so an SM sets up its rings, descriptors and the inverse's
-identity tile once and then streams items (chunk, value head): for each pair, the HV / H value heads that share
+(chunk slot, key head) pairs and the rest end at once, so an SM sets up its rings and descriptors once and then
+streams items (chunk, value head): for each pair, the HV / H value heads that share
 the key head's k. The partitions meet at mbarriers over two-slot rings, so that the inverse of one item overlaps
 the loads of the next and the products and stores of the one before:
   * aux (4 warps, AUX_REGS): k k^T (rk, the inverse norms of the k rows, is its diagonal), the decayed A and
-    Tc = (I + A)^-1 by gdn_fused's blocked inverse (the diagonal 16 x 16 blocks by forward substitution on the
-    CUDA cores, then four fp16 wgmma); publishes Tw = Tc diag(beta e^gam rk) and Tu = Tc diag(beta), each
+    Tc = (I + A)^-1 by gdn_fused's blocked inverse (the diagonal 16 x 16 blocks by forward substitution in
+    registers, then three fp16 wgmma round trips); publishes Tw = Tc diag(beta e^gam rk) and Tu = Tc diag(beta), each
     rounded once to the input dtype, and rk;
   * writer (the default partition, 8 warps: w's and u's columns split over two warpgroups): gam (the gate
     ring's, back in natural log units, as gdn_scan reads it), qg = gam + ln rq (rq from the q tile) and
@@ -276,7 +276,6 @@ def _aux_partition(items, inputs, gates, bounds, terms, inverse, flags):
     i0 = gl.expand_dims(gl.arange(0, BT, rows), 1)
     j0 = gl.expand_dims(gl.arange(0, BT, cols), 0)
     zero = gl.zeros([BT, BT], gl.float32, acc_tt)
-    eye_tile = inverse.write_identity(acc_tt)
     for c in range(items.n_items):
         slot = c % NUM_SLOTS
         i = loop_variant(i0, c)
@@ -296,10 +295,10 @@ def _aux_partition(items, inputs, gates, bounds, terms, inverse, flags):
         decay = chunk_decay(gates, c, gam_r, i, j0, n_rows, cols)
         gates.bars.release(c)
         # -A: the inverse's tiles hold the negated blocks (fused_sm90._unit_lower_inverse)
-        inverse.stage(kk * decay * gl.expand_dims(-a_rows, 1), c)
+        d_blocks = inverse.stage(kk * decay * gl.expand_dims(-a_rows, 1), c)
         fence_async_shared()
         gl.thread_barrier()
-        t = inverse.invert(c, eye_tile, zero)
+        t = inverse.invert(c, d_blocks, zero)
         terms.bars.wait_empty(c)
         terms.tw.index(slot).store((t * gl.expand_dims(w_cols, 0)).to(dtype))
         terms.tu.index(slot).store((t * gl.expand_dims(beta_cols, 0)).to(dtype))
