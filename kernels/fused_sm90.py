@@ -78,12 +78,11 @@ V_SCALE = gl.constexpr(2)
 O_SCALE = gl.constexpr(3)
 STATE_SCALE = gl.constexpr(4)  # e^gl in every entry
 SCALINGS = gl.constexpr(8)  # a power of two, so that a slot's rows are one tensor (the last three are unused)
-# the inverse's fp16 operand tiles: -L, N', W and D^-1
-L_TILE = gl.constexpr(0)
-N_TILE = gl.constexpr(1)
-W_TILE = gl.constexpr(2)
-D_TILE = gl.constexpr(3)
-INVERSE_TILES = gl.constexpr(4)
+# the inverse's fp16 operand tiles besides -L: N', W and D^-1
+N_TILE = gl.constexpr(0)
+W_TILE = gl.constexpr(1)
+D_TILE = gl.constexpr(2)
+INVERSE_TILES = gl.constexpr(3)
 BLOCK = gl.constexpr(16)  # the inverse's diagonal blocks
 
 
@@ -139,9 +138,9 @@ class SlotBarriers:
         mbarrier.arrive(self.empty.index(chunk % NUM_SLOTS), count=1)
 
     @gluon.jit
-    def release_with(self, other, chunk):
-        """release, of this ring's and the `other` ring's slots of a chunk, at one partition barrier."""
-        gl.thread_barrier()
+    def arrive_empty_with(self, other, chunk):
+        """The arrives of release, on this ring's and the `other` ring's slots of a chunk, for a caller whose warps
+        have just met at a partition barrier after their last read of both."""
         mbarrier.arrive(self.empty.index(chunk % NUM_SLOTS), count=1)
         mbarrier.arrive(other.empty.index(chunk % NUM_SLOTS), count=1)
 
@@ -220,18 +219,22 @@ class TermRing:
 
 @aggregate
 class InverseScratch:
-    """The aux partition's fp16 operand tiles for the inverse (_unit_lower_inverse), [INVERSE_TILES, BT, BT]:
-    L_TILE ... D_TILE."""
+    """The aux partition's fp16 operand tiles for the inverse (_unit_lower_inverse): -L [1, BT, BT] and
+    [INVERSE_TILES, BT, BT] (N_TILE ... D_TILE). -L has an allocation of its own: Triton orders two stores into
+    one allocation by a partition barrier, and -L and D^-1 are stored in the same stage."""
+    minus_l: gl.shared_memory_descriptor
     tiles: gl.shared_memory_descriptor
 
     @gluon.constexpr_function
-    def __init__(self, tiles):
+    def __init__(self, minus_l, tiles):
+        self.minus_l = minus_l
         self.tiles = tiles
 
     @gluon.jit
     def make(BT: gl.constexpr):
-        return InverseScratch(gl.allocate_shared_memory(gl.float16, [INVERSE_TILES, BT, BT],
-                                                        gl.NVMMASharedLayout.get_default_for([BT, BT], gl.float16)))
+        layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], gl.float16)
+        return InverseScratch(gl.allocate_shared_memory(gl.float16, [1, BT, BT], layout),
+                              gl.allocate_shared_memory(gl.float16, [INVERSE_TILES, BT, BT], layout))
 
     @gluon.jit
     def tile(self, which, c):
@@ -240,18 +243,30 @@ class InverseScratch:
         return self.tiles.index(loop_variant(which, c))
 
     @gluon.jit
+    def l_tile(self, c):
+        """The -L tile, indexed as `tile` is."""
+        return self.minus_l.index(loop_variant(0, c))
+
+    @gluon.jit
     def stage(self, neg_a, c):
         """-A of chunk c without its diagonal blocks, -L, as the fp16 operand tile of N' (A's diagonal is never
-        read); returns the inverses of its diagonal blocks (_invert_diagonal_blocks). The fence and barrier that
-        make the tile visible are the caller's."""
-        self.tile(L_TILE, c).store(_off_diagonal_blocks(neg_a).to(gl.float16))
+        read); returns the inverses of its diagonal blocks (_invert_diagonal_blocks). stage_diagonal's fence and
+        barrier make the tile visible."""
+        self.l_tile(c).store(_off_diagonal_blocks(neg_a).to(gl.float16))
         return _invert_diagonal_blocks(neg_a)
 
     @gluon.jit
+    def stage_diagonal(self, c, d_blocks, like):
+        """D^-1 of chunk c (its blocks d_blocks) as the fp16 operand tile of N' and W, in the layout of `like` (the
+        wgmma accumulator's). Its fence and barrier make every shared store of the partition before it visible
+        to the tensor cores: the -L tile's (stage), and any the caller adds (gdn_fused's P)."""
+        _stage(self.tile(D_TILE, c), _block_diagonal(d_blocks, like))
+
+    @gluon.jit
     def invert(self, c, d_blocks, zero):
-        """Tc = (I + A)^-1 of chunk c from its staged -L and the inverses of its diagonal blocks
+        """Tc = (I + A)^-1 of chunk c from its staged -L and D^-1 (stage, stage_diagonal) and D^-1's blocks
         (_unit_lower_inverse)."""
-        return _unit_lower_inverse(d_blocks, self.tile(L_TILE, c), self.tile(N_TILE, c), self.tile(W_TILE, c),
+        return _unit_lower_inverse(d_blocks, self.l_tile(c), self.tile(N_TILE, c), self.tile(W_TILE, c),
                                    self.tile(D_TILE, c), zero)
 
 
@@ -533,21 +548,20 @@ def _block_diagonal(blocks, like):
 def _unit_lower_inverse(d_blocks, l_tile, n_tile, w_tile, d_tile, zero):
     """(I + A)^-1 for strictly lower-triangular A [BT, BT] (BT = 64), blocked by 16 (docs/algorithm.md): I + A =
     D (I + N) with D = I + Lb, Lb the diagonal 16 x 16 blocks of A and L the rest, N = D^-1 L, N^4 = 0.
-    d_blocks holds D^-1's blocks (_invert_diagonal_blocks), l_tile -L (fp16, staged). Then fp16 wgmma (fp16 has
-    tf32's 10-bit mantissa), accumulation in fp32, in three round trips:
+    d_blocks holds D^-1's blocks (_invert_diagonal_blocks), l_tile -L and d_tile D^-1 (fp16, staged by
+    InverseScratch.stage and stage_diagonal). Then fp16 wgmma (fp16 has tf32's 10-bit mantissa), accumulation in
+    fp32, in three round trips:
         N' = D^-1 (-L) = -N;  then N'^2 and W = (I + N') D^-1 together;  Tc = W + N'^2 W
     W's accumulation starts from D^-1. N'^2 and W take every operand from shared memory, so that their two
     accumulators are the only registers they hold (one round trip fewer: 0.5-1 % of the kernel). N' with D^-1 as
     its register A operand either spills (14 values) or makes ptxas serialise every wgmma (C7512). A tile is
     rewritten at least two stages after its last read, so the barrier of the stage in between orders every warp's
     wgmma wait before the store. The warp-specialised gdn_prepare shares this inverse (InverseScratch)."""
-    d_inv = _block_diagonal(d_blocks, zero)
-    _stage(d_tile, d_inv)
     n = warpgroup_mma(d_tile, l_tile, zero, use_acc=False, is_async=True)  # N' = -N
     n = warpgroup_mma_wait(0, deps=[n])
     _stage(n_tile, n)
     n2 = warpgroup_mma(n_tile, n_tile, zero, use_acc=False, is_async=True)
-    w = warpgroup_mma(n_tile, d_tile, d_inv, use_acc=True, is_async=True)  # D^-1 + N' D^-1
+    w = warpgroup_mma(n_tile, d_tile, _block_diagonal(d_blocks, zero), use_acc=True, is_async=True)  # D^-1 + N' D^-1
     n2, w = warpgroup_mma_wait(0, deps=[n2, w])
     _stage(w_tile, w)
     tc = _product(n2, w_tile, w, use_acc=True)
@@ -608,11 +622,12 @@ def _aux_partition(inputs, gates, terms, inverse, q_desc, seq_len, flags):
         # -A: the inverse takes the negated blocks (_unit_lower_inverse)
         d_blocks = inverse.stage(kk * decay * gl.expand_dims(-a_rows, 1), c)
         qk = warpgroup_mma(q_s, k_s.permute((1, 0)), zero, use_acc=False)
-        # the gate slot goes back with the input slot, at one barrier: the load partition refills it 2 chunks ahead
-        inputs.bars.release_with(gates.bars, c)
         terms.p.index(slot).store((qk * decay).to(dtype))
-        fence_async_shared()
-        gl.thread_barrier()
+        # one fence and barrier for the -L, P and D^-1 tiles (P's consumer, the state partition, needs no more)
+        inverse.stage_diagonal(c, d_blocks, zero)
+        # every warp is past its q k^T wait: the input and the gate slot go back (the load partition refills the
+        # gate slot 2 chunks ahead)
+        inputs.bars.arrive_empty_with(gates.bars, c)
 
         tc = inverse.invert(c, d_blocks, zero)
         publish_inverse(terms, c, tc, dtype)

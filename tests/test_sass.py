@@ -86,21 +86,8 @@ def test_warp_specialized_scans_move_registers(tiny_build, arch):
         assert e["resources"]["registers"] == 65536 // (32 * SCAN_WS_WARPS), key
 
 
-SPILL_GAPS = {
-    ("sm_90a", "gdn_fused"): "the fused kernel's aux partition runs at 104 registers (more would starve the state "
-                             "partition, and ptxas then serialises every wgmma): 2 local-memory loads and 1 store a chunk",
-}
-
-
-def _spill_cases():
-    for arch in ARCHES:
-        for kernel in ("gdn_prepare", "gdn_scan", "gdn_fused"):
-            gap = SPILL_GAPS.get((arch, kernel))
-            marks = [pytest.mark.xfail(reason=gap, strict=True)] if gap else []
-            yield pytest.param(arch, kernel, marks=marks, id=f"{arch}-{kernel}")
-
-
-@pytest.mark.parametrize("arch, kernel", list(_spill_cases()))
+@pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize("kernel", ["gdn_prepare", "gdn_scan", "gdn_fused"])
 def test_spill_free(tiny_build, arch, kernel):
     """No kernel of the tiny build touches local memory inside a loop, where a spill would cost every chunk
     (gdn_scan) or value head (gdn_prepare); outside loops at most 32 bytes a thread: the sm_90a scan holds the
