@@ -371,8 +371,8 @@ def _load_partition(inputs, gates, q_desc, k_desc, v_desc, gate_source, seq_len,
 @gluon.jit
 def publish_row_scalings(terms, gates, c, seq_len, rows: gl.constexpr):
     """Chunk c's aux rows of the scalings into the terms ring, from the gate ring, as one [SCALINGS, BT] tensor (a
-    thread a column) and one store: stored row by row into their one allocation, each row waited for the one
-    before at a partition barrier. Returns beta rk in the `rows` layout, the row factor of A (both arches' aux
+    thread a column) and one store: row by row, into one allocation, Triton ordered each store after the one
+    before by a partition barrier. Returns beta rk in the `rows` layout, the row factor of A (both arches' aux
     partitions)."""
     BT: gl.constexpr = gates.gam.shape[1]
     layout: gl.constexpr = gl.BlockedLayout([SCALINGS // 2, 1], [2, 16], [1, gl.num_warps()], [0, 1])

@@ -65,9 +65,8 @@ def test_forward_substitution_inverts_each_block(seed):
     assert set(re.findall(r"^\s*([a-z][\w.]*)", ptx, re.M)) <= {"mov.b32", "and.b32", "or.b32", "shfl.sync.idx.b32",
                                                               "fma.rn.f32"}
     rng = np.random.default_rng(seed)
-    # a block of -A as the kernel sees it: anything on and above the diagonal (the kernel zeroes it), alike keys
-    nb = rng.uniform(-0.9, 0.9, (BLOCK, BLOCK))
-    strict = np.tril(nb, -1)
+    # a block of -A with its diagonal and upper entries zeroed, as _invert_diagonal_blocks hands it to the PTX
+    strict = np.tril(rng.uniform(-0.9, 0.9, (BLOCK, BLOCK)), -1)
     operands = []
     for lane in range(LANES):
         ops = {}
