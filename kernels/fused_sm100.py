@@ -58,7 +58,7 @@ from . import FUSED_HAS_H0 as _HAS_H0, FUSED_STORE_HT as _STORE_HT
 from .common import (Checkpoints, GateSource, load_state_tile, loop_variant, mbarriers, sequence_and_head,
                      sequence_bounds, state_io_layout, store_state_tile)
 from .fused_sm90 import (GATE_IN_KERNEL, HEAD_MAJOR, K_SCALE, LOAD_REGS, LOAD_WARPS, NORMS_WARPS, NUM_SLOTS, O_SCALE,
-                         STATE_SCALE, V_SCALE, _load_partition, _norms_partition, chunk_decay, chunk_rings,
+                         V_SCALE, _load_partition, _norms_partition, chunk_decay, chunk_rings,
                          head_tiles, publish_inverse, publish_key_norms, publish_row_scalings, state_slot)
 from .inverse_sm100 import unit_lower_inverse
 
@@ -216,7 +216,7 @@ def _state_partition(st, inputs, terms, o_desc, o_stage, seq_len, checkpoints):
         tcgen05_mma(st.x16, terms.tc_v.index(slot).permute((1, 0)), st.vn, use_acc=True)
         tcgen05_commit(st.bars.index(VN_DONE))
         # e^gl S while the tensor cores compute v_new (no MMA in flight touches st.s)
-        state_decay = gl.max(terms.scaling(c, STATE_SCALE).load(cols), axis=0)
+        state_decay = terms.state_decay(c)
         st.s.store(st.s.load(reg_vk) * state_decay)
         v_scale = terms.scaling(c, V_SCALE).load(cols)
         mbarrier.wait(st.bars.index(VN_DONE), phase)

@@ -52,7 +52,7 @@ from triton.language.core import _aggregate as aggregate
 
 from . import FUSED_HAS_H0 as _HAS_H0, FUSED_L2NORM as _L2NORM, FUSED_STORE_HT as _STORE_HT
 from . import FUSED_GATE_IN_KERNEL as _GATE_IN_KERNEL, FUSED_USE_INDICES as _USE_INDICES
-from .common import (LOG2E, Checkpoints, GateSource, inverse_row_norms, load_state_tile, loop_variant,
+from .common import (LOG2E, Checkpoints, GateSource, load_state_tile, loop_variant,
                      row_tile_desc, sequence_and_head, sequence_bounds, state_io_layout, store_state_tile,
                      wgmma_layout)
 
@@ -209,6 +209,13 @@ class TermRing:
         return self.scalings.index((chunk % NUM_SLOTS) * SCALINGS + row)
 
     @gluon.jit
+    def state_decay(self, chunk):
+        """e^gl of chunk `chunk`, a scalar: one entry of its STATE_SCALE row, loaded by every thread (a reduction
+        of the row would cross lanes)."""
+        one: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+        return gl.max(self.scaling(chunk, STATE_SCALE).slice(0, 1).load(one), axis=0)
+
+    @gluon.jit
     def slot_scalings(self, chunk):
         """All SCALINGS rows of chunk `chunk`'s scalings ([SCALINGS, BT] fp32)."""
         BT: gl.constexpr = self.scalings.shape[1]
@@ -278,18 +285,21 @@ def _add(a, b):
 @gluon.jit
 def _inverse_row_norms(tile, out, factor, L2: gl.constexpr):
     """out = factor / sqrt(sum(x^2) + 1e-6) of each row of the [BT, K] shared tile (fla's l2norm), or factor
-    without L2; a few rows at a time, so that the norms partition's few registers suffice."""
+    without L2. A thread a row (the partition has BT threads), 8 values, one 16-byte load, at a time: the sum
+    never leaves the thread. (Eight lanes a row, with three shuffle steps a row, took 538 instructions a chunk
+    instead of 398, and their shuffles queued beside the aux partition's: the kernel was 1-2.5 % slower.)"""
     BT: gl.constexpr = tile.shape[0]
-    ROWS: gl.constexpr = 8  # the row period of the tile's 128-byte swizzle: a slice may not split it
-    # a row on 8 lanes, 16 values a thread: three shuffle steps a row (on 16 lanes, 8 values a thread, the
-    # partition executed 723 instructions a chunk, 13 % of the kernel's; now 538, and the kernel is 1 % faster)
-    layout: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [gl.num_warps(), 1], [1, 0])
-    for r in gl.static_range(BT // ROWS):
-        if L2:
-            norms = inverse_row_norms(tile.slice(r * ROWS, ROWS).load(layout)) * factor
-        else:
-            norms = gl.full([ROWS], factor, gl.float32, gl.SliceLayout(1, layout))
-        out.slice(r * ROWS, ROWS).store(norms)
+    K: gl.constexpr = tile.shape[1]
+    gl.static_assert(BT == 32 * gl.num_warps(), "a thread a row")
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [32, 1], [gl.num_warps(), 1], [1, 0])
+    if L2:
+        squares = gl.zeros([BT], gl.float32, gl.SliceLayout(1, layout))
+        for j in gl.static_range(K // 8):
+            x = tile.slice(8 * j, 8, dim=1).load(layout).to(gl.float32)
+            squares += gl.sum(x * x, axis=1)
+        out.store(1.0 / gl.sqrt(squares + 1e-6) * factor)
+    else:
+        out.store(gl.full([BT], factor, gl.float32, gl.SliceLayout(1, layout)))
 
 
 @gluon.jit
@@ -620,9 +630,15 @@ def _aux_partition(inputs, gates, terms, inverse, q_desc, seq_len, flags):
         a_rows = publish_row_scalings(terms, gates, c, seq_len, rows)
         decay = chunk_decay(gates, c, gam_r, i, j, seq_len - c * BT, cols)
         # -A: the inverse takes the negated blocks (_unit_lower_inverse)
-        d_blocks = inverse.stage(kk * decay * gl.expand_dims(-a_rows, 1), c)
-        qk = warpgroup_mma(q_s, k_s.permute((1, 0)), zero, use_acc=False)
-        terms.p.index(slot).store((qk * decay).to(dtype))
+        neg_a = kk * decay * gl.expand_dims(-a_rows, 1)
+        # q k^T in flight while -L is staged (ptxas waits for it before the substitution, whose registers it
+        # reuses); the decay, which P needs after it, is held as fp16 pairs meanwhile: at fp32 nine values
+        # spilled, this way one (ptxas's packed mask bits, stored and reloaded once a chunk)
+        decay = decay.to(gl.float16)
+        qk = warpgroup_mma(q_s, k_s.permute((1, 0)), zero, use_acc=False, is_async=True)
+        d_blocks = inverse.stage(neg_a, c)
+        qk = warpgroup_mma_wait(0, deps=[qk])
+        terms.p.index(slot).store((qk * decay.to(gl.float32)).to(dtype))
         # one fence and barrier for the -L, P and D^-1 tiles (P's consumer, the state partition, needs no more)
         inverse.stage_diagonal(c, d_blocks, zero)
         # every warp is past its q k^T wait: the input and the gate slot go back (the load partition refills the
@@ -669,7 +685,7 @@ def _state_partition(state, inputs, terms, o_desc, o_stage, seq_len, checkpoints
                               gl.zeros([V, BT], gl.float32, acc_vt), use_acc=False, is_async=True)
         o = qh * gl.expand_dims(terms.scaling(c, O_SCALE).load(cols_vt), 0)
         v_scale = terms.scaling(c, V_SCALE).load(cols_vt)
-        state_decay = gl.max(terms.scaling(c, STATE_SCALE).load(cols_vt), axis=0)
+        state_decay = terms.state_decay(c)
         v_new = warpgroup_mma_wait(0, deps=[v_new])
 
         # S = e^gl S + v_new diag(e^(gl - gam) rk) k, and o = o + v_new P^T
