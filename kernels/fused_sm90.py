@@ -287,7 +287,7 @@ def _inverse_row_norms(tile, out, factor, L2: gl.constexpr):
     """out = factor / sqrt(sum(x^2) + 1e-6) of each row of the [BT, K] shared tile (fla's l2norm), or factor
     without L2. A thread a row (the partition has BT threads), 8 values, one 16-byte load, at a time: the sum
     never leaves the thread. (Eight lanes a row, with three shuffle steps a row, took 538 instructions a chunk
-    instead of 398, and their shuffles queued beside the aux partition's: the kernel was 1-2.5 % slower.)"""
+    instead of 399, and their shuffles queued beside the aux partition's: the kernel was 0.8-2.5 % slower.)"""
     BT: gl.constexpr = tile.shape[0]
     K: gl.constexpr = tile.shape[1]
     gl.static_assert(BT == 32 * gl.num_warps(), "a thread a row")
@@ -631,9 +631,9 @@ def _aux_partition(inputs, gates, terms, inverse, q_desc, seq_len, flags):
         decay = chunk_decay(gates, c, gam_r, i, j, seq_len - c * BT, cols)
         # -A: the inverse takes the negated blocks (_unit_lower_inverse)
         neg_a = kk * decay * gl.expand_dims(-a_rows, 1)
-        # q k^T in flight while -L is staged (ptxas waits for it before the substitution, whose registers it
-        # reuses); the decay, which P needs after it, is held as fp16 pairs meanwhile: at fp32 nine values
-        # spilled, this way one (ptxas's packed mask bits, stored and reloaded once a chunk)
+        # q k^T in flight while -L is staged (ptxas places its wait just before the substitution); the decay,
+        # which P needs after it, is held as fp16 pairs meanwhile: at fp32 nine values spilled, this way one
+        # (ptxas's packed mask bits, stored and reloaded once a chunk)
         decay = decay.to(gl.float16)
         qk = warpgroup_mma(q_s, k_s.permute((1, 0)), zero, use_acc=False, is_async=True)
         d_blocks = inverse.stage(neg_a, c)
