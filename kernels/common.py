@@ -455,10 +455,16 @@ def store_rows(ptr, x, row0, n_rows, row_stride):
 
 
 @gluon.jit
+def inverse_norm(squares):
+    """1 / sqrt(squares + 1e-6): a row's inverse L2 norm from its sum of squares (fla's l2norm)."""
+    return 1.0 / gl.sqrt(squares + 1e-6)
+
+
+@gluon.jit
 def inverse_row_norms(x):
-    """1 / sqrt(sum(x^2) + 1e-6) per row, in fp32 (fla's l2norm)."""
+    """inverse_norm of each row of x, in fp32."""
     xf = x.to(gl.float32)
-    return 1.0 / gl.sqrt(gl.sum(xf * xf, axis=1) + 1e-6)
+    return inverse_norm(gl.sum(xf * xf, axis=1))
 
 
 @gluon.jit

@@ -52,7 +52,7 @@ from triton.language.core import _aggregate as aggregate
 
 from . import FUSED_HAS_H0 as _HAS_H0, FUSED_L2NORM as _L2NORM, FUSED_STORE_HT as _STORE_HT
 from . import FUSED_GATE_IN_KERNEL as _GATE_IN_KERNEL, FUSED_USE_INDICES as _USE_INDICES
-from .common import (LOG2E, Checkpoints, GateSource, load_state_tile, loop_variant,
+from .common import (LOG2E, Checkpoints, GateSource, inverse_norm, load_state_tile, loop_variant,
                      row_tile_desc, sequence_and_head, sequence_bounds, state_io_layout, store_state_tile,
                      wgmma_layout)
 
@@ -284,7 +284,7 @@ def _add(a, b):
 
 @gluon.jit
 def _inverse_row_norms(tile, out, factor, L2: gl.constexpr):
-    """out = factor / sqrt(sum(x^2) + 1e-6) of each row of the [BT, K] shared tile (fla's l2norm), or factor
+    """out = factor * inverse_norm (fla's l2norm) of each row of the [BT, K] shared tile, or factor
     without L2. A thread a row (the partition has BT threads), 8 values, one 16-byte load, at a time: the sum
     never leaves the thread. (Eight lanes a row, with three shuffle steps a row, took 538 instructions a chunk
     instead of 399, and their shuffles queued beside the aux partition's: the kernel was 0.8-2.5 % slower.)"""
@@ -297,7 +297,7 @@ def _inverse_row_norms(tile, out, factor, L2: gl.constexpr):
         for j in gl.static_range(K // 8):
             x = tile.slice(8 * j, 8, dim=1).load(layout).to(gl.float32)
             squares += gl.sum(x * x, axis=1)
-        out.store(1.0 / gl.sqrt(squares + 1e-6) * factor)
+        out.store(inverse_norm(squares) * factor)
     else:
         out.store(gl.full([BT], factor, gl.float32, gl.SliceLayout(1, layout)))
 
@@ -580,7 +580,7 @@ def _unit_lower_inverse(d_blocks, l_tile, n_tile, w_tile, d_tile, zero):
 
 @gluon.jit
 def publish_key_norms(gates, c, kk, flags):
-    """rk of chunk c into its gate slot: 1 / sqrt(|k_t|^2 + 1e-6) of each k row t (fla's l2norm), read off the
+    """rk of chunk c into its gate slot: inverse_norm(|k_t|^2) of each k row t (fla's l2norm), read off the
     diagonal of k k^T, which the tensor cores compute anyway (1 without FUSED_L2NORM): the diagonal of its
     diagonal blocks, a select over a thread's 8 entries of them instead of its 32 of the tile. Both arches' aux
     partitions; every warp of it has stored its rows on return."""
@@ -591,7 +591,7 @@ def publish_key_norms(gates, c, kk, flags):
     diagonal = gl.sum(gl.where(t == s, blocks, 0.0), axis=2)
     rk = gates.rk.index(c % NUM_SLOTS)._reinterpret(gl.float32, [NB, BLOCK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     if flags & L2NORM:
-        rk.store(1.0 / gl.sqrt(diagonal + 1e-6))
+        rk.store(inverse_norm(diagonal))
     else:
         rk.store(gl.full_like(diagonal, 1.0))
     gl.thread_barrier()
