@@ -146,14 +146,13 @@ def _aux_partition(inputs, gates, terms, scratch, q_desc, seq_len, flags):
         i = gl.expand_dims(gl.arange(0, BT, rows), 1) + loop_variant(0, c)
         j = gl.expand_dims(gl.arange(0, BT, cols), 0) + loop_variant(0, c)
         phase = c & 1  # scratch.bar completes five times a chunk: k k^T with q k^T, then the inverse's four
-        # --- k k^T and q k^T on the tensor cores; the input slot goes back to the load warp as soon as they have
-        # read it; rk from the diagonal of k k^T, then the decay matrix
+        # --- k k^T and q k^T on the tensor cores; rk from the diagonal of k k^T, then the decay matrix (the input
+        # and gate slots are freed by the terms' publication: fused_sm90.chunk_rings)
         inputs.bars.wait_ready(c)
         k_s = inputs.k.index(slot)
         tcgen05_mma(k_s, k_s.permute((1, 0)), scratch.kk, use_acc=False)
         tcgen05_mma(inputs.q.index(slot), k_s.permute((1, 0)), scratch.qk, use_acc=False)
         tcgen05_commit(scratch.bar)
-        tcgen05_commit(inputs.bars.empty.index(slot))
         gates.bars.wait_ready(c)
         mbarrier.wait(scratch.bar, phase)
         publish_key_norms(gates, c, scratch.kk.load(reg_tt), flags)
@@ -167,7 +166,6 @@ def _aux_partition(inputs, gates, terms, scratch, q_desc, seq_len, flags):
         a_rows = publish_row_scalings(terms, gates, c, seq_len, rows)
         terms.p.index(slot).store((qk * decay).to(dtype))
         a = gl.where(i > j, kk * decay * gl.expand_dims(a_rows, 1), 0.0)
-        gates.bars.release(c)
         # kk's TMEM is the products' accumulator: every warp has read k k^T (the inverse starts with a barrier)
         tc, _ = unit_lower_inverse(a, scratch.a_smem, scratch.bt_smem, scratch.kk, reg_tt, scratch.bar, phase ^ 1)
         publish_inverse(terms, c, tc, dtype)
@@ -303,7 +301,7 @@ def fused_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0, ht, state_ind
     gl.warp_specialize([
         (_state_partition, (st, inputs, terms, o_desc, o_stage, seq_len, checkpoints)),
         (_aux_partition, (inputs, gates, terms, scratch, q_desc, seq_len, flags)),
-        (_load_partition, (inputs, gates, q_desc, k_desc, v_desc, gate_source, seq_len, HV)),
+        (_load_partition, (inputs, gates, terms, q_desc, k_desc, v_desc, gate_source, seq_len, HV)),
         (_norms_partition, (inputs, terms, q_desc, seq_len, scale, flags)),
     ], [4, LOAD_WARPS, NORMS_WARPS], [AUX_REGS, LOAD_REGS, LOAD_REGS])
     # the last state update has completed (the state partition waited for it)

@@ -40,7 +40,9 @@ Partitions, 16 warps (registers a thread by setmaxnreg; the kernel is compiled a
     (rk moved here as well cost 13 %: two tiles' norms a chunk on two warps are slower than the aux partition.)
 Rings (InputRing, GateRing, TermRing below; each slot a ready and an empty mbarrier, SlotBarriers): the inputs
 (load -> aux, state and norms), the gates (load -> aux; the aux partition adds rk) and the chunk terms (aux ->
-state, and rq, norms -> state).
+state, and rq, norms -> state). The aux partition arrives only on the terms' ready barrier: its reads of a chunk's
+input and gate slots are over before it publishes the chunk's terms, which the state partition waits for before it
+frees the input slot, and the load partition waits for them before it refills the gate slot (chunk_rings).
 Shared memory (188 KB of the 227 KB a CTA may have): inputs 2 x 48 KB, terms 2 x 18 KB, the inverse's four fp16
 tiles 32 KB, o staging 16 KB; one program an SM.
 """
@@ -78,11 +80,6 @@ V_SCALE = gl.constexpr(2)
 O_SCALE = gl.constexpr(3)
 STATE_SCALE = gl.constexpr(4)  # e^gl in every entry
 SCALINGS = gl.constexpr(8)  # a power of two, so that a slot's rows are one tensor (the last three are unused)
-# the inverse's fp16 operand tiles besides -L: N', W and D^-1
-N_TILE = gl.constexpr(0)
-W_TILE = gl.constexpr(1)
-D_TILE = gl.constexpr(2)
-INVERSE_TILES = gl.constexpr(3)
 BLOCK = gl.constexpr(16)  # the inverse's diagonal blocks
 
 
@@ -137,12 +134,6 @@ class SlotBarriers:
         gl.thread_barrier()
         mbarrier.arrive(self.empty.index(chunk % NUM_SLOTS), count=1)
 
-    @gluon.jit
-    def arrive_empty_with(self, other, chunk):
-        """The arrives of release, on this ring's and the `other` ring's slots of a chunk, for a caller whose warps
-        have just met at a partition barrier after their last read of both."""
-        mbarrier.arrive(self.empty.index(chunk % NUM_SLOTS), count=1)
-        mbarrier.arrive(other.empty.index(chunk % NUM_SLOTS), count=1)
 
 
 @aggregate
@@ -226,40 +217,36 @@ class TermRing:
 
 @aggregate
 class InverseScratch:
-    """The aux partition's fp16 operand tiles for the inverse (_unit_lower_inverse): -L [1, BT, BT] and
-    [INVERSE_TILES, BT, BT] (N_TILE ... D_TILE). -L has an allocation of its own: Triton orders two stores into
-    one allocation by a partition barrier, and -L and D^-1 are stored in the same stage."""
+    """The aux partition's fp16 operand tiles for the inverse (_unit_lower_inverse): -L, N', W and D^-1, [1, BT, BT]
+    each, each an allocation of its own. Triton puts a partition barrier between two accesses to one allocation
+    that may touch the same bytes (a store after the tensor cores' reads, two stores in one stage), and it cannot
+    tell the tiles of one allocation apart: with N', W and D^-1 in one, the aux loop had two barriers more."""
     minus_l: gl.shared_memory_descriptor
-    tiles: gl.shared_memory_descriptor
+    n: gl.shared_memory_descriptor
+    w: gl.shared_memory_descriptor
+    d: gl.shared_memory_descriptor
 
     @gluon.constexpr_function
-    def __init__(self, minus_l, tiles):
+    def __init__(self, minus_l, n, w, d):
         self.minus_l = minus_l
-        self.tiles = tiles
+        self.n = n
+        self.w = w
+        self.d = d
 
     @gluon.jit
     def make(BT: gl.constexpr):
         layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], gl.float16)
         return InverseScratch(gl.allocate_shared_memory(gl.float16, [1, BT, BT], layout),
-                              gl.allocate_shared_memory(gl.float16, [INVERSE_TILES, BT, BT], layout))
-
-    @gluon.jit
-    def tile(self, which, c):
-        """Operand tile `which`, its index a value of chunk c (a constant index lets the compiler hoist the
-        descriptors out of the loop, and spill them)."""
-        return self.tiles.index(loop_variant(which, c))
-
-    @gluon.jit
-    def l_tile(self, c):
-        """The -L tile, indexed as `tile` is."""
-        return self.minus_l.index(loop_variant(0, c))
+                              gl.allocate_shared_memory(gl.float16, [1, BT, BT], layout),
+                              gl.allocate_shared_memory(gl.float16, [1, BT, BT], layout),
+                              gl.allocate_shared_memory(gl.float16, [1, BT, BT], layout))
 
     @gluon.jit
     def stage(self, neg_a, c):
         """-A of chunk c without its diagonal blocks, -L, as the fp16 operand tile of N' (A's diagonal is never
         read); returns the inverses of its diagonal blocks (_invert_diagonal_blocks). stage_diagonal's fence and
         barrier make the tile visible."""
-        self.l_tile(c).store(_off_diagonal_blocks(neg_a).to(gl.float16))
+        _of_chunk(self.minus_l, c).store(_off_diagonal_blocks(neg_a).to(gl.float16))
         return _invert_diagonal_blocks(neg_a)
 
     @gluon.jit
@@ -267,14 +254,21 @@ class InverseScratch:
         """D^-1 of chunk c (its blocks d_blocks) as the fp16 operand tile of N' and W, in the layout of `like` (the
         wgmma accumulator's). Its fence and barrier make every shared store of the partition before it visible
         to the tensor cores: the -L tile's (stage), and any the caller adds (gdn_fused's P)."""
-        _stage(self.tile(D_TILE, c), _block_diagonal(d_blocks, like))
+        _stage(_of_chunk(self.d, c), _block_diagonal(d_blocks, like))
 
     @gluon.jit
     def invert(self, c, d_blocks, zero):
         """Tc = (I + A)^-1 of chunk c from its staged -L and D^-1 (stage, stage_diagonal) and D^-1's blocks
         (_unit_lower_inverse)."""
-        return _unit_lower_inverse(d_blocks, self.l_tile(c), self.tile(N_TILE, c), self.tile(W_TILE, c),
-                                   self.tile(D_TILE, c), zero)
+        return _unit_lower_inverse(d_blocks, _of_chunk(self.minus_l, c), _of_chunk(self.n, c), _of_chunk(self.w, c),
+                                   _of_chunk(self.d, c), zero)
+
+
+@gluon.jit
+def _of_chunk(tile, c):
+    """The one tile of a [1, BT, BT] allocation, its index a value of chunk c: with a constant index the compiler
+    hoists the descriptors out of the loop, and spills them."""
+    return tile.index(loop_variant(0, c))
 
 
 @gluon.jit
@@ -331,9 +325,8 @@ def _gate_rows(gate_source, c, seq_len, HV, BT: gl.constexpr, layout: gl.constex
 
 @gluon.jit
 def _publish_gates(gates, c, g, beta):
-    """gam = cumsum(g), beta and gam_last of chunk c into the gate ring."""
+    """gam = cumsum(g), beta and gam_last of chunk c into its gate slot, which the caller knows to be free."""
     slot = c % NUM_SLOTS
-    gates.bars.wait_empty(c)
     gates.gam.index(slot).store(gl.associative_scan(g, 0, _add))
     gates.beta.index(slot).store(beta)
     gates.gam_last.index(slot).store(gl.zeros_like(g) + gl.sum(g, axis=0))
@@ -355,9 +348,18 @@ def _request_inputs(inputs, q_desc, k_desc, v_desc, c):
 
 
 @gluon.jit
-def _load_partition(inputs, gates, q_desc, k_desc, v_desc, gate_source, seq_len, HV):
+def _wait_gate_slot(terms, c):
+    """Until chunk c's gate slot is free: its last user, the aux partition, has published the terms of chunk
+    c - NUM_SLOTS. That ready barrier stands for the gate ring's empty one, so the aux partition arrives on no
+    barrier of the gate ring (Triton puts a partition barrier after each arrive that is not followed by one)."""
+    if c >= NUM_SLOTS:
+        terms.bars.wait_ready(c - NUM_SLOTS)
+
+
+@gluon.jit
+def _load_partition(inputs, gates, terms, q_desc, k_desc, v_desc, gate_source, seq_len, HV):
     """For each chunk c: chunk c + 1's gates into the gate ring (they wait only for their slot, which the aux
-    partition frees early in chunk c - 1), then the TMA of chunk c + 1's q, k, v tiles (as soon as their slot
+    partition frees at the end of chunk c - 1), then the TMA of chunk c + 1's q, k, v tiles (as soon as their slot
     is free: the state partition frees it at the end of chunk c - 1). The gates go a chunk ahead of the tiles
     because the input slot's wait ties this loop to the state's pace: published after it, they made the aux
     partition wait for them (a fifth of its time, in an ncu profile). Their rows are read from HBM at the end of
@@ -373,6 +375,7 @@ def _load_partition(inputs, gates, q_desc, k_desc, v_desc, gate_source, seq_len,
     g, beta = _gate_rows(gate_source, 1, seq_len, HV, BT, rows)
     for c in range(n_chunks):
         if c + 1 < n_chunks:
+            _wait_gate_slot(terms, c + 1)
             _publish_gates(gates, c + 1, g, beta)
             _request_inputs(inputs, q_desc, k_desc, v_desc, c + 1)
         g, beta = _gate_rows(gate_source, c + 2, seq_len, HV, BT, rows)
@@ -641,10 +644,7 @@ def _aux_partition(inputs, gates, terms, inverse, q_desc, seq_len, flags):
         terms.p.index(slot).store((qk * decay.to(gl.float32)).to(dtype))
         # one fence and barrier for the -L, P and D^-1 tiles (P's consumer, the state partition, needs no more)
         inverse.stage_diagonal(c, d_blocks, zero)
-        # every warp is past its q k^T wait: the input and the gate slot go back (the load partition refills the
-        # gate slot 2 chunks ahead)
-        inputs.bars.arrive_empty_with(gates.bars, c)
-
+        # (the input and gate slots are freed by the terms' publication: chunk_rings)
         tc = inverse.invert(c, d_blocks, zero)
         publish_inverse(terms, c, tc, dtype)
         fence_async_shared()
@@ -760,13 +760,15 @@ def input_and_gate_rings(q_desc, k_desc, v_desc, consumers: gl.constexpr, gate_c
 
 @gluon.jit
 def chunk_rings(q_desc, k_desc, v_desc):
-    """The inputs ring (emptied by the aux, the state and the norms partition), the gate ring and the terms
-    ring."""
+    """The inputs ring (emptied by the state and the norms partition), the gate ring and the terms ring. The
+    aux partition, the third reader of an input slot and the only one of a gate slot, frees neither: the terms
+    ready barrier stands for both (the module docstring), which saves the aux loop two partition barriers, one
+    that Triton puts after each arrive. The gate ring's empty barriers are unused."""
     dtype: gl.constexpr = q_desc.block_type.element_ty
     BT: gl.constexpr = q_desc.block_type.shape[0]
     tile_tt: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], dtype)
     plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])  # rows of [BT] vectors
-    inputs, gates = input_and_gate_rings(q_desc, k_desc, v_desc, 3, 1)
+    inputs, gates = input_and_gate_rings(q_desc, k_desc, v_desc, 2, 1)
     terms = TermRing(gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, BT], tile_tt),
                      gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, BT], tile_tt),
                      gl.allocate_shared_memory(gl.float32, [NUM_SLOTS * SCALINGS, BT], plain), SlotBarriers.make(1, 1),
@@ -807,7 +809,7 @@ def fused_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0, ht, state_ind
     state = gl.warp_specialize([
         (_state_partition, (state, inputs, terms, o_desc, o_stage, seq_len, checkpoints)),
         (_aux_partition, (inputs, gates, terms, inverse, q_desc, seq_len, flags)),
-        (_load_partition, (inputs, gates, q_desc, k_desc, v_desc, gate_source, seq_len, HV)),
+        (_load_partition, (inputs, gates, terms, q_desc, k_desc, v_desc, gate_source, seq_len, HV)),
         (_norms_partition, (inputs, terms, q_desc, seq_len, scale, flags)),
     ], [4, LOAD_WARPS, NORMS_WARPS], [AUX_REGS, LOAD_REGS, LOAD_REGS])[0]
     store_state_tile(ht, gl.permute(state, [1, 0]), slot, i_hv, 0, HV, ((flags & STORE_HT) != 0) & (slot >= 0),

@@ -253,6 +253,7 @@ def _load_partition(items, inputs, gates, bounds, q_desc, k_desc, v_desc, g, bet
     for c in range(items.n_items):
         start, n_rows, i_h, i_hv = items.item(c)
         offs = (start + r).to(gl.int64) * HV + i_hv
+        gates.bars.wait_empty(c)
         _publish_gates(gates, c, gl.load(g + offs, mask=r < n_rows, other=0.0) * LOG2E,
                        gl.load(beta + offs, mask=r < n_rows, other=0.0))
         slot = c % NUM_SLOTS
