@@ -24,8 +24,9 @@ Partitions, 16 warps (registers a thread by setmaxnreg; the kernel is compiled a
     same when S q^T is still in flight while v_new's product is issued: S k^T and S q^T are waited on together;
   * aux, one warpgroup, AUX_REGS: what a chunk needs that does not depend on the state, up to NUM_SLOTS chunks
     ahead of it: k k^T and q k^T on wgmma (rk is the diagonal of k k^T), the decay matrix, P, the row scalings,
-    and Tc by the blocked inverse: the diagonal 16 x 16 blocks by forward substitution in fp32 in the registers
-    that hold them (warp shuffles), then fp16 wgmma in three round trips whose A operands are registers (the
+    and Tc by the blocked inverse: the diagonal 16 x 16 blocks in the registers that hold them (their diagonal
+    8 x 8 quarters by forward substitution in fp32 with warp shuffles, the third quarter by two fp16 mma.sync),
+    then fp16 wgmma in three round trips whose A operands are registers (the
     accumulator's own, converted in place) or a staged tile, their B operands staged fp16 tiles. Two products are
     in flight at once only where all their operands are in shared memory: with a register A operand, the second
     accumulator needs more registers than the partition has, and ptxas then serialises every wgmma of the kernel
@@ -492,26 +493,44 @@ def _forward_substitution_ptx():
     $8-$15 Nb (strictly lower), $16-$23 the identity, $24-$31 the thread's lane l (8 copies), each in
     BLOCK_REGISTERS' order.
 
-    Step s adds Nb[t, s] X[s, :] to every row t of X: row s is final by then, and Nb[t, s] = 0 for t <= s. Lane
-    4 (s % 8) + l % 4 holds row s in lane l's columns (register row half s // 8); lane 4 (l // 4) + (s % 8) // 2
-    holds column s of lane l's rows. Rows s < 8 are 0 in the columns 8-15, and rows t < 8 take no step s >= 8:
-    each step is 2-4 shuffles of X, 1-2 of Nb (not on the dependent chain) and 4 FMA. (Blocked by 8, the chain is
-    9 rounds of shuffles instead of 15, but with 90 shuffles instead of 67 the kernel was 4 % slower: the shuffles
-    share the shared-memory pipe with both partitions' loads and stores.)"""
+    In 8 x 8 quarters the block is I - Nb = [[I - N11, 0], [-N21, I - N22]], and X = [[X11, 0], [X22 N21 X11, X22]]
+    with X11, X22 the inverses of the diagonal quarters. Lane l holds rows l // 4 and l // 4 + 8 (register row
+    halves) in columns 2 (l % 4) + {0, 1} and + 8 (column halves): X11 is row half 0 in column half 0, X22 row
+    half 1 in column half 1, so one forward substitution solves both. Step s adds Nb[t, s] X[s, :] to every row t
+    of each quarter (row s is final by then, and Nb[t, s] = 0 for t <= s): lane 4 s + l % 4 holds row s of both
+    quarters in lane l's columns, lane 4 (l // 4) + s // 2 column s of lane l's rows. 7 dependent steps of 4
+    shuffles of X, 2 of Nb (off the chain) and 4 FMA. The lower-left quarter then takes two 8 x 8 x 8 tensor-core
+    products (mma.sync m16n8k8, fp16 operands, fp32 accumulation, rows 8-15 of its 16 the quarter): Y = N21 X11,
+    then X22 Y. A quarter in these registers is the m16n8k8 A operand as it is (two fp16 a register) and, through
+    one movmatrix (transpose), its B operand. (The 16-row substitution took 15 steps and 67 shuffles, and blocked
+    by 8 with shuffles only, 9 steps and 90 shuffles made the kernel 4 % slower: the shuffles share the
+    shared-memory pipe with both partitions' loads and stores.)"""
     def reg(row_half, col_half, col_bit):
         return col_bit + 2 * row_half + 4 * col_half
-    lines = ["{", ".reg .u32 pair, quad, xsrc, nsrc;", ".reg .f32 x<8>, xs<4>, ns<2>;",
-             "and.b32 pair, $24, 3;", "and.b32 quad, $24, 28;"]
+
+    def pack(dst, hi, lo):  # two fp32 as the fp16 pair of one register, the lower column in the low half
+        return f"cvt.rn.f16x2.f32 {dst}, {hi}, {lo};"
+    mma = "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32"
+    lines = ["{", ".reg .u32 pair, quad, xsrc, nsrc;", ".reg .f32 x<8>, xs<4>, ns<2>, y<4>, z<4>, zero;",
+             ".reg .b32 upper, n21, x11, x11t, y21, y21t, x22;",
+             "and.b32 pair, $24, 3;", "and.b32 quad, $24, 28;", "mov.b32 zero, 0f00000000;", "mov.b32 upper, 0;"]
     lines += [f"mov.b32 x{r}, ${16 + r};" for r in range(8)]
-    for s in range(BLOCK.value - 1):
-        row_halves = (0, 1) if s < 8 else (1,)
-        col_halves = (0,) if s < 8 else (0, 1)
-        lines += [f"or.b32 xsrc, pair, {4 * (s % 8)};", f"or.b32 nsrc, quad, {(s % 8) // 2};"]
-        lines += [f"shfl.sync.idx.b32 xs{2 * ch + cb}, x{reg(s // 8, ch, cb)}, xsrc, 31, -1;"
-                  for ch in col_halves for cb in (0, 1)]
-        lines += [f"shfl.sync.idx.b32 ns{th}, ${8 + reg(th, s // 8, s % 2)}, nsrc, 31, -1;" for th in row_halves]
-        lines += [f"fma.rn.f32 x{reg(th, ch, cb)}, ns{th}, xs{2 * ch + cb}, x{reg(th, ch, cb)};"
-                  for th in row_halves for ch in col_halves for cb in (0, 1)]
+    for s in range(BLOCK.value // 2 - 1):
+        lines += [f"or.b32 xsrc, pair, {4 * s};", f"or.b32 nsrc, quad, {s // 2};"]
+        lines += [f"shfl.sync.idx.b32 xs{2 * h + cb}, x{reg(h, h, cb)}, xsrc, 31, -1;" for h in (0, 1) for cb in (0, 1)]
+        lines += [f"shfl.sync.idx.b32 ns{h}, ${8 + reg(h, h, s % 2)}, nsrc, 31, -1;" for h in (0, 1)]
+        lines += [f"fma.rn.f32 x{reg(h, h, cb)}, ns{h}, xs{2 * h + cb}, x{reg(h, h, cb)};"
+                  for h in (0, 1) for cb in (0, 1)]
+    # the A operands' rows 0-7 ("upper") are zero: only rows 8-15 of each product are used
+    lines += [pack("n21", f"${8 + reg(1, 0, 1)}", f"${8 + reg(1, 0, 0)}"),
+              pack("x11", f"x{reg(0, 0, 1)}", f"x{reg(0, 0, 0)}"),
+              "movmatrix.sync.aligned.m8n8.trans.b16 x11t, x11;",
+              f"{mma} {{y0, y1, y2, y3}}, {{upper, n21}}, {{x11t}}, {{zero, zero, zero, zero}};",
+              pack("y21", "y3", "y2"),
+              "movmatrix.sync.aligned.m8n8.trans.b16 y21t, y21;",
+              pack("x22", f"x{reg(1, 1, 1)}", f"x{reg(1, 1, 0)}"),
+              f"{mma} {{z0, z1, z2, z3}}, {{upper, x22}}, {{y21t}}, {{zero, zero, zero, zero}};",
+              f"mov.b32 x{reg(1, 0, 0)}, z2;", f"mov.b32 x{reg(1, 0, 1)}, z3;"]
     lines += [f"mov.b32 ${r}, x{r};" for r in range(8)]
     return "\n".join(lines + ["}"])
 
@@ -529,12 +548,13 @@ BLOCK_REGISTERS = gl.constexpr(gl.DistributedLinearLayout(
 @gluon.jit
 def _invert_diagonal_blocks(neg_a):
     """D^-1 = (I - Nb)^-1 for Nb the diagonal 16 x 16 blocks of -A (neg_a, [BT, BT] in the wgmma accumulator
-    layout), [BT / BLOCK, BLOCK, BLOCK] in BLOCK_REGISTERS, by forward substitution in fp32 on the CUDA cores.
+    layout), [BT / BLOCK, BLOCK, BLOCK] in BLOCK_REGISTERS: its two diagonal 8 x 8 quarters by forward substitution
+    in fp32 on the CUDA cores, the third by two fp16 tensor-core products (FORWARD_SUBSTITUTION).
 
-    Warp b holds block b of the accumulator already (two rows and four columns a thread), so the substitution runs
-    where the block is: 15 dependent steps of warp shuffles and FMA (FORWARD_SUBSTITUTION, PTX because Gluon has
-    no lane shuffle), no shared memory and no barrier. Staged for a thread a column and brought back to the
-    accumulator layout, as before, it cost 4 % more of the kernel's time. The lane comes in as an operand: read in
+    Warp b holds block b of the accumulator already (two rows and four columns a thread), so the inverse is taken
+    where the block is: 7 dependent steps of warp shuffles and FMA, then the two products (PTX, because Gluon has
+    neither a lane shuffle nor a warp-level MMA on registers), no shared memory and no barrier. Staged for a
+    thread a column and brought back to the accumulator layout, as before, it cost 4 % more of the kernel's time. The lane comes in as an operand: read in
     the loop (S2R), it waited behind the partition's shared-memory stores (1 %)."""
     blocks = gl.convert_layout(_diagonal_blocks(neg_a), BLOCK_REGISTERS)
     t, col = _in_block_indices(BLOCK_REGISTERS)
@@ -634,7 +654,7 @@ def _aux_partition(inputs, gates, terms, inverse, q_desc, seq_len, flags):
         decay = chunk_decay(gates, c, gam_r, i, j, seq_len - c * BT, cols)
         # -A: the inverse takes the negated blocks (_unit_lower_inverse)
         neg_a = kk * decay * gl.expand_dims(-a_rows, 1)
-        # q k^T in flight while -L is staged (ptxas places its wait just before the substitution); the decay,
+        # q k^T in flight while -L is staged (ptxas places its wait inside the diagonal blocks' inverse); the decay,
         # which P needs after it, is held as fp16 pairs meanwhile: at fp32 nine values spilled, this way one
         # (ptxas's packed mask bits, stored and reloaded once a chunk)
         decay = decay.to(gl.float16)

@@ -7,8 +7,8 @@ streams items (chunk, value head): for each pair, the HV / H value heads that sh
 the key head's k. The partitions meet at mbarriers over two-slot rings, so that the inverse of one item overlaps
 the loads of the next and the products and stores of the one before:
   * aux (4 warps, AUX_REGS): k k^T (rk, the inverse norms of the k rows, is its diagonal), the decayed A and
-    Tc = (I + A)^-1 by gdn_fused's blocked inverse (the diagonal 16 x 16 blocks by forward substitution in
-    registers, then three fp16 wgmma round trips); publishes Tw = Tc diag(beta e^gam rk) and Tu = Tc diag(beta), each
+    Tc = (I + A)^-1 by gdn_fused's blocked inverse (the diagonal 16 x 16 blocks in registers, then three fp16
+    wgmma round trips); publishes Tw = Tc diag(beta e^gam rk) and Tu = Tc diag(beta), each
     rounded once to the input dtype, and rk;
   * writer (the default partition, 8 warps: w's and u's columns split over two warpgroups): gam (the gate
     ring's, back in natural log units, as gdn_scan reads it), qg = gam + ln rq (rq from the q tile) and
