@@ -48,8 +48,7 @@ VARIANTS = {
     "fused_copy": lambda s: s,
     "aux_stub": lambda s: _cut(
         s, "        # --- k k^T, and the inverse norms of the k rows", "        terms.bars.publish(c)",
-        "        inputs.bars.release(c)\n        gates.bars.wait_ready(c)\n        gates.bars.release(c)\n"
-        "        terms.bars.wait_empty(c)\n        fence_async_shared()\n"),
+        "        gates.bars.wait_ready(c)\n        terms.bars.wait_empty(c)\n        fence_async_shared()\n"),
     "state_stub": lambda s: _cut(
         s, "        # kh = S k^T (critical path)", "        # o^T -> [BT, V] staging tile",
         "        terms.bars.wait_ready(c)\n        inputs.bars.release(c)\n        terms.bars.release(c)\n"
