@@ -554,8 +554,9 @@ def _invert_diagonal_blocks(neg_a):
     Warp b holds block b of the accumulator already (two rows and four columns a thread), so the inverse is taken
     where the block is: 7 dependent steps of warp shuffles and FMA, then the two products (PTX, because Gluon has
     neither a lane shuffle nor a warp-level MMA on registers), no shared memory and no barrier. Staged for a
-    thread a column and brought back to the accumulator layout, as before, it cost 4 % more of the kernel's time. The lane comes in as an operand: read in
-    the loop (S2R), it waited behind the partition's shared-memory stores (1 %)."""
+    thread a column and brought back to the accumulator layout, as before, it cost 4 % more of the kernel's time.
+    The lane comes in as an operand: read in the loop (S2R), it waited behind the partition's shared-memory stores
+    (1 %)."""
     blocks = gl.convert_layout(_diagonal_blocks(neg_a), BLOCK_REGISTERS)
     t, col = _in_block_indices(BLOCK_REGISTERS)
     eye = gl.where(t == col, 1.0, 0.0) + gl.zeros_like(blocks)
