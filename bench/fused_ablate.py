@@ -47,16 +47,15 @@ VARIANTS = {
     "fused": lambda s: s,
     "fused_copy": lambda s: s,
     "aux_stub": lambda s: _cut(
-        s, "        # --- k k^T, and the inverse norms of the k rows", "        terms.bars.publish(c)",
-        "        gates.bars.wait_ready(c)\n        terms.bars.wait_empty(c)\n        fence_async_shared()\n"),
+        s, "        # --- k k^T; the gates", "        terms.bars.publish(c)",
+        "        gates.bars.wait_ready(c)\n        inputs.bars.wait_empty(c)\n        fence_async_shared()\n"),
     "state_stub": lambda s: _cut(
         s, "        # kh = S k^T (critical path)", "        # o^T -> [BT, V] staging tile",
-        "        terms.bars.wait_ready(c)\n        inputs.bars.release(c)\n        terms.bars.release(c)\n"
-        "        terms.rq_bars.wait_ready(c)\n        terms.rq_bars.release(c)\n"
+        "        terms.bars.wait_ready(c)\n        terms.rq_bars.wait_ready(c)\n        inputs.bars.release(c)\n"
         "        o = gl.zeros([V, BT], gl.float32, acc_vt)\n"),
     "no_inverse": lambda s: _cut(s, "        tc = inverse.invert(", "        publish_inverse(", "        tc = kk * decay\n"),
     "unsynced": lambda s: _cut(_cut(s, "        terms.bars.wait_ready(c)\n        kh, qh", "        kh, qh", ""),
-                               "        terms.bars.wait_empty(c)\n        gam_r", "        gam_r", ""),
+                               "        inputs.bars.wait_empty(c)  # the terms slot", "        gam_r", ""),
 }
 
 

@@ -23,27 +23,27 @@ Partitions, 16 warps (registers a thread by setmaxnreg; the kernel is compiled a
     With fewer (an aux budget above 104), ptxas serialises every wgmma of the kernel (C7512), and it does the
     same when S q^T is still in flight while v_new's product is issued: S k^T and S q^T are waited on together;
   * aux, one warpgroup, AUX_REGS: what a chunk needs that does not depend on the state, up to NUM_SLOTS chunks
-    ahead of it: k k^T and q k^T on wgmma (rk is the diagonal of k k^T), the decay matrix, P, the row scalings,
-    and Tc by the blocked inverse: the diagonal 16 x 16 blocks in the registers that hold them (their diagonal
-    8 x 8 quarters by forward substitution in fp32 with warp shuffles, the third quarter by two fp16 mma.sync),
-    then fp16 wgmma in three round trips whose A operands are registers (the
-    accumulator's own, converted in place) or a staged tile, their B operands staged fp16 tiles. Two products are
+    ahead of it: k k^T and q k^T on wgmma, the decay matrix, P, the row scalings, and Tc by the blocked inverse:
+    the diagonal 16 x 16 blocks in the registers that hold them (their diagonal 8 x 8 quarters by forward
+    substitution in fp32 with warp shuffles, the third quarter by two fp16 mma.sync), then fp16 wgmma in three
+    round trips whose A operands are registers (the accumulator's own, converted in place) or a staged tile, their
+    B operands staged fp16 tiles. Two products are
     in flight at once only where all their operands are in shared memory: with a register A operand, the second
     accumulator needs more registers than the partition has, and ptxas then serialises every wgmma of the kernel
     (C7512);
   * load, LOAD_WARPS warps at LOAD_REGS: TMA of the q, k, v tiles through per-sequence descriptors whose row
     bound is the sequence's length (a chunk's tail is zero-filled and never reads the next sequence) and the
     chunk's gates (gam = cumsum(g) by a warp scan), a chunk ahead of the tiles;
-  * norms, NORMS_WARPS warps at LOAD_REGS: scale rq into the terms ring (on barriers of its own) as soon as the q tile
-    lands. rq only scales the columns of o^T, which the state partition computes last, so it is needed late and
-    the aux partition has one Gram matrix less to reduce; a partition of its own, because in the load loop it
-    waited behind the input slot's wait, which follows the state's pace, and the state then waited for it.
-    (rk moved here as well cost 13 %: two tiles' norms a chunk on two warps are slower than the aux partition.)
+  * norms, NORMS_WARPS warps at LOAD_REGS: as soon as a chunk's tiles land, rk into the gate slot, then scale rq
+    into the terms ring (each on barriers of its own), a row a thread. rk is needed first, by the aux partition;
+    rq only scales the columns of o^T, which the state partition computes last. A partition of its own, because
+    in the load loop it waited behind the input slot's wait, which follows the state's pace.
 Rings (InputRing, GateRing, TermRing below; each slot a ready and an empty mbarrier, SlotBarriers): the inputs
-(load -> aux, state and norms), the gates (load -> aux; the aux partition adds rk) and the chunk terms (aux ->
-state, and rq, norms -> state). The aux partition arrives only on the terms' ready barrier: its reads of a chunk's
-input and gate slots are over before it publishes the chunk's terms, which the state partition waits for before it
-frees the input slot, and the load partition waits for them before it refills the gate slot (chunk_rings).
+(load -> aux, state and norms), the gates (load -> aux; the norms partition adds rk) and the chunk terms (aux ->
+state, and rq, norms -> state). Few partitions free what they read, because Triton's barrier analysis puts a
+partition barrier between an arrive and the partition's next shared-memory access (chunk_rings): the aux partition
+arrives only on the terms' ready barrier, and the sm_90a state partition once a chunk, on the input slot's empty
+barrier, which stands for its terms and rq too.
 Shared memory (188 KB of the 227 KB a CTA may have): inputs 2 x 48 KB, terms 2 x 18 KB, the inverse's four fp16
 tiles 32 KB, o staging 16 KB; one program an SM.
 """
@@ -157,7 +157,7 @@ class InputRing:
 class GateRing:
     """Per-row vectors of a chunk, [NUM_SLOTS, BT] fp32 each (load -> aux): gam = cumsum(g) in log2 units, beta,
     gam of the chunk's last row (in every entry), and rk, the inverse L2 norms of the k rows (1 without
-    FUSED_L2NORM), which the aux partition adds."""
+    FUSED_L2NORM), which gdn_fused's norms partition adds (the warp-specialised gdn_prepare's aux partition)."""
     gam: gl.shared_memory_descriptor
     beta: gl.shared_memory_descriptor
     gam_last: gl.shared_memory_descriptor
@@ -178,22 +178,25 @@ class TermRing:
     """What the state partition takes for a chunk: from the aux partition Tc diag(beta) and P [NUM_SLOTS, BT, BT]
     in the input dtype and the SCALINGS row scalings [NUM_SLOTS * SCALINGS, BT] fp32
     (bars); from the norms partition scale rq [NUM_SLOTS, BT] fp32, the column scaling of o^T, which the state needs
-    last (rq_bars: its own barriers, so the state never waits for it to start a chunk)."""
+    last (rq_bars: its own barriers, so the state never waits for it to start a chunk). rk_bars: the norms
+    partition's rk of a chunk is in its gate slot (the aux partition's only wait on the norms partition)."""
     tc_v: gl.shared_memory_descriptor
     p: gl.shared_memory_descriptor
     scalings: gl.shared_memory_descriptor
     bars: SlotBarriers
     rq: gl.shared_memory_descriptor
     rq_bars: SlotBarriers
+    rk_bars: SlotBarriers
 
     @gluon.constexpr_function
-    def __init__(self, tc_v, p, scalings, bars, rq, rq_bars):
+    def __init__(self, tc_v, p, scalings, bars, rq, rq_bars, rk_bars):
         self.tc_v = tc_v
         self.p = p
         self.scalings = scalings
         self.bars = bars
         self.rq = rq
         self.rq_bars = rq_bars
+        self.rk_bars = rk_bars
 
     @gluon.jit
     def scaling(self, chunk, row):
@@ -298,14 +301,25 @@ def _inverse_row_norms(tile, out, factor, L2: gl.constexpr):
 
 
 @gluon.jit
-def _norms_partition(inputs, terms, q_desc, seq_len, scale, flags):
-    """For each chunk c, once its q tile has landed: scale rq into the terms ring (only the state partition uses it,
-    as the column scaling of o^T, at the end of the chunk); then the chunk's input slot is released."""
+def _norms_partition(inputs, gates, terms, q_desc, seq_len, scale, flags, rq_freed_with_inputs: gl.constexpr):
+    """For each chunk c, once its tiles have landed: rk into its gate slot (terms.rk_bars; the slot is free once the
+    terms of chunk c - NUM_SLOTS are out, as for the load partition's rows of it), which the aux partition needs
+    first; then scale rq into the terms ring (only the state partition uses it, as the column scaling of o^T, at
+    the end of the chunk); then the chunk's input slot is released. The rq slot is free when the state partition
+    has released it, or, with rq_freed_with_inputs, as soon as the chunk's inputs have landed: the state then reads
+    rq before it frees the input slot."""
     BT: gl.constexpr = q_desc.block_type.shape[0]
     for c in range(gl.cdiv(seq_len, BT)):
         slot = c % NUM_SLOTS
-        terms.rq_bars.wait_empty(c)
         inputs.bars.wait_ready(c)
+        _wait_gate_slot(terms, c)
+        if flags & L2NORM:
+            _inverse_row_norms(inputs.k.index(slot), gates.rk.index(slot), 1.0, True)
+        else:
+            _inverse_row_norms(inputs.k.index(slot), gates.rk.index(slot), 1.0, False)
+        terms.rk_bars.publish(c)
+        if not rq_freed_with_inputs:
+            terms.rq_bars.wait_empty(c)
         if flags & L2NORM:
             _inverse_row_norms(inputs.q.index(slot), terms.rq.index(slot), scale, True)
         else:
@@ -351,8 +365,7 @@ def _request_inputs(inputs, q_desc, k_desc, v_desc, c):
 @gluon.jit
 def _wait_gate_slot(terms, c):
     """Until chunk c's gate slot is free: its last user, the aux partition, has published the terms of chunk
-    c - NUM_SLOTS. That ready barrier stands for the gate ring's empty one, so the aux partition arrives on no
-    barrier of the gate ring (Triton puts a partition barrier after each arrive that is not followed by one)."""
+    c - NUM_SLOTS. That ready barrier stands for the gate ring's empty one (chunk_rings)."""
     if c >= NUM_SLOTS:
         terms.bars.wait_ready(c - NUM_SLOTS)
 
@@ -603,26 +616,7 @@ def _unit_lower_inverse(d_blocks, l_tile, n_tile, w_tile, d_tile, zero):
 
 
 @gluon.jit
-def publish_key_norms(gates, c, kk, flags):
-    """rk of chunk c into its gate slot: inverse_norm(|k_t|^2) of each k row t (fla's l2norm), read off the
-    diagonal of k k^T, which the tensor cores compute anyway (1 without FUSED_L2NORM): the diagonal of its
-    diagonal blocks, a select over a thread's 8 entries of them instead of its 32 of the tile. Both arches' aux
-    partitions; every warp of it has stored its rows on return."""
-    blocks = _diagonal_blocks(kk)
-    NB: gl.constexpr = blocks.shape[0]
-    layout: gl.constexpr = blocks.type.layout
-    t, s = _in_block_indices(layout)
-    diagonal = gl.sum(gl.where(t == s, blocks, 0.0), axis=2)
-    rk = gates.rk.index(c % NUM_SLOTS)._reinterpret(gl.float32, [NB, BLOCK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-    if flags & L2NORM:
-        rk.store(inverse_norm(diagonal))
-    else:
-        rk.store(gl.full_like(diagonal, 1.0))
-    gl.thread_barrier()
-
-
-@gluon.jit
-def _aux_partition(inputs, gates, terms, inverse, q_desc, seq_len, flags):
+def _aux_partition(inputs, gates, terms, inverse, q_desc, seq_len):
     """The state-independent terms of every chunk (see the module docstring), into the terms ring."""
     BT: gl.constexpr = q_desc.block_type.shape[0]
     dtype: gl.constexpr = q_desc.block_type.element_ty
@@ -642,14 +636,14 @@ def _aux_partition(inputs, gates, terms, inverse, q_desc, seq_len, flags):
         # its select (the column indices too would need 16 registers more: ptxas then serialises the wgmma)
         i = loop_variant(i0, c)
         j = j0
-        # --- k k^T, and the inverse norms of the k rows from its diagonal
+        # --- k k^T; the gates, and rk from the norms partition
         kk = warpgroup_mma(k_s, k_s.permute((1, 0)), zero, use_acc=False, is_async=True)
         gates.bars.wait_ready(c)
+        terms.rk_bars.wait_ready(c)
         kk = warpgroup_mma_wait(0, deps=[kk])
-        publish_key_norms(gates, c, kk, flags)
 
         # --- the row scalings, A and its two parts, then P: only the decay matrix is live beside one product
-        terms.bars.wait_empty(c)
+        inputs.bars.wait_empty(c)  # the terms slot: the state partition frees both at once
         gam_r = gates.gam.index(slot).load(rows)
         a_rows = publish_row_scalings(terms, gates, c, seq_len, rows)
         decay = chunk_decay(gates, c, gam_r, i, j, seq_len - c * BT, cols)
@@ -715,11 +709,10 @@ def _state_partition(state, inputs, terms, o_desc, o_stage, seq_len, checkpoints
         o = warpgroup_mma(gl.convert_layout(v_new.to(dtype), op_vt), terms.p.index(slot).permute((1, 0)), o,
                           is_async=True)
         state, o = warpgroup_mma_wait(0, deps=[state, o])
-        inputs.bars.release(c)
-        terms.bars.release(c)
         terms.rq_bars.wait_ready(c)
         o = o * gl.expand_dims(terms.rq.index(slot).load(cols_vt), 0)
-        terms.rq_bars.release(c)
+        # the chunk's input slot, terms and rq go back at once (chunk_rings)
+        inputs.bars.release(c)
 
         # o^T -> [BT, V] staging tile -> HBM (the store of chunk c - 1 left the tile a chunk ago)
         tma.store_wait(0)
@@ -781,10 +774,18 @@ def input_and_gate_rings(q_desc, k_desc, v_desc, consumers: gl.constexpr, gate_c
 
 @gluon.jit
 def chunk_rings(q_desc, k_desc, v_desc):
-    """The inputs ring (emptied by the state and the norms partition), the gate ring and the terms ring. The
-    aux partition, the third reader of an input slot and the only one of a gate slot, frees neither: the terms
-    ready barrier stands for both (the module docstring), which saves the aux loop two partition barriers, one
-    that Triton puts after each arrive. The gate ring's empty barriers are unused."""
+    """The inputs ring (emptied by the state and the norms partition), the gate ring and the terms ring. Each
+    arrive costs its partition a barrier (Triton's barrier analysis puts one between an arrive and the next
+    shared-memory access), so the slots of a chunk are freed by as few arrives as their readers' order allows:
+      * the aux partition's reads of an input and a gate slot are over before it publishes the chunk's terms:
+        the state partition waits for those before it frees the input slot, and the load and norms partitions
+        before they refill the gate slot (_wait_gate_slot);
+      * on sm_90a the state partition frees a chunk's input slot after its last read of the chunk's terms and rq:
+        the aux partition waits for that before it rewrites a terms slot, and the norms partition writes rq only
+        once the next inputs of the slot have landed (_norms_partition with rq_freed_with_inputs);
+      * the sm_100a state partition frees the input slot from the tensor cores, before it reads O_SCALE and rq:
+        there the terms and rq slots keep their empty barriers.
+    The gate ring's empty barriers are unused, and so are the terms' and rq's on sm_90a."""
     dtype: gl.constexpr = q_desc.block_type.element_ty
     BT: gl.constexpr = q_desc.block_type.shape[0]
     tile_tt: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], dtype)
@@ -793,7 +794,8 @@ def chunk_rings(q_desc, k_desc, v_desc):
     terms = TermRing(gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, BT], tile_tt),
                      gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, BT], tile_tt),
                      gl.allocate_shared_memory(gl.float32, [NUM_SLOTS * SCALINGS, BT], plain), SlotBarriers.make(1, 1),
-                     gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain), SlotBarriers.make(1, 1))
+                     gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain), SlotBarriers.make(1, 1),
+                     SlotBarriers.make(1, 1))
     return inputs, gates, terms
 
 
@@ -829,9 +831,9 @@ def fused_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0, ht, state_ind
 
     state = gl.warp_specialize([
         (_state_partition, (state, inputs, terms, o_desc, o_stage, seq_len, checkpoints)),
-        (_aux_partition, (inputs, gates, terms, inverse, q_desc, seq_len, flags)),
+        (_aux_partition, (inputs, gates, terms, inverse, q_desc, seq_len)),
         (_load_partition, (inputs, gates, terms, q_desc, k_desc, v_desc, gate_source, seq_len, HV)),
-        (_norms_partition, (inputs, terms, q_desc, seq_len, scale, flags)),
+        (_norms_partition, (inputs, gates, terms, q_desc, seq_len, scale, flags, True)),
     ], [4, LOAD_WARPS, NORMS_WARPS], [AUX_REGS, LOAD_REGS, LOAD_REGS])[0]
     store_state_tile(ht, gl.permute(state, [1, 0]), slot, i_hv, 0, HV, ((flags & STORE_HT) != 0) & (slot >= 0),
                      K, V, V, TRANSPOSE_STATE)

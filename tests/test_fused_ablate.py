@@ -38,21 +38,22 @@ def test_every_ablation_applies_to_the_kernel(name):
 def test_unsynced_drops_only_the_two_terms_waits():
     edited = fused_ablate.VARIANTS["unsynced"](KERNEL)
     for partition, wait in (("_state_partition", "terms.bars.wait_ready(c)"),
-                            ("_aux_partition", "terms.bars.wait_empty(c)")):
+                            ("_aux_partition", "inputs.bars.wait_empty(c)")):
         assert wait in _function(KERNEL, partition)
         assert wait not in _function(edited, partition)
         # everything else in the loop is still there: the products, the releases and publications
         assert (_function(edited, partition).count("warpgroup_mma(")
                 == _function(KERNEL, partition).count("warpgroup_mma("))
     assert KERNEL.replace("        terms.bars.wait_ready(c)\n", "", 1) \
-        .replace("        terms.bars.wait_empty(c)\n        gam_r", "        gam_r", 1) == edited
+        .replace("        inputs.bars.wait_empty(c)  # the terms slot: the state partition frees both at once\n"
+                 "        gam_r", "        gam_r", 1) == edited
 
 
 def test_stubs_remove_their_partition_s_products():
     aux = _function(fused_ablate.VARIANTS["aux_stub"](KERNEL), "_aux_partition")
     assert "warpgroup_mma(" not in aux and "terms.bars.publish(c)" in aux
     state = _function(fused_ablate.VARIANTS["state_stub"](KERNEL), "_state_partition")
-    assert "warpgroup_mma(" not in state and "terms.bars.release(c)" in state
+    assert "warpgroup_mma(" not in state and "inputs.bars.release(c)" in state
 
 
 class _Clock:
