@@ -158,7 +158,7 @@ def _aux_partition(inputs, gates, terms, scratch, q_desc, seq_len):
         mbarrier.wait(scratch.bar, phase)
         terms.rk_bars.wait_ready(c)
         gam_r = gates.gam.index(slot).load(rows)
-        decay = chunk_decay(gates, c, gam_r, i, j, seq_len - c * BT, cols)
+        decay = chunk_decay(gates, c, gam_r, i >= j, seq_len - c * BT, cols)
         kk = scratch.kk.load(reg_tt)  # again: k k^T stays in TMEM, and its registers are free during the decay
         qk = scratch.qk.load(reg_tt)
 

@@ -422,17 +422,39 @@ def publish_row_scalings(terms, gates, c, seq_len, rows: gl.constexpr):
 
 
 @gluon.jit
-def chunk_decay(gates, c, gam_r, i, j, n_rows, cols: gl.constexpr):
+def chunk_decay(gates, c, gam_r, causal, n_rows, cols: gl.constexpr):
     """e^(gam_t - gam_s) rk_s of chunk c on the causal triangle of its live rows (t >= s, t < n_rows), else 0;
-    gam_r and the row indices i in the rows layout, the column indices j in `cols`. The exponent is -inf off the
-    triangle, so exp is never taken of a positive gam_t - gam_s (s > t), which can overflow; the live-row bound
-    goes into the rows' exponents (gam_t = -inf for t >= n_rows: two values a thread), so the tile takes one
-    masked pass, the causal one."""
+    gam_r in the rows layout, `causal` the mask t >= s (causal_mask, or a compare of row and column indices). The
+    exponent is -inf off the triangle, so exp is never taken of a positive gam_t - gam_s (s > t), which can
+    overflow; the live-row bound goes into the rows' exponents (gam_t = -inf for t >= n_rows: two values a thread),
+    so the tile takes one masked pass, the causal one."""
     slot = c % NUM_SLOTS
     r = gl.arange(0, gam_r.shape[0], gam_r.type.layout)
     gam_t = gl.where(r < n_rows, gam_r, -float("inf"))
     exponent = gl.expand_dims(gam_t, 1) - gl.expand_dims(gates.gam.index(slot).load(cols), 0)
-    return gl.exp2(gl.where(i >= j, exponent, -float("inf"))) * gl.expand_dims(gates.rk.index(slot).load(cols), 0)
+    return gl.exp2(gl.where(causal, exponent, -float("inf"))) * gl.expand_dims(gates.rk.index(slot).load(cols), 0)
+
+
+@gluon.jit
+def causal_mask(like):
+    """t >= s (row t, column s) over a [BT, BT] tile in the layout of `like` (the wgmma accumulator's). Viewed as
+    [NB, BLOCK, NB, BLOCK] blocks, it is a compare of block indices or, in a diagonal block, of in-block indices:
+    a thread compares its block row (a warp's) with each of its block columns and its in-block rows with its
+    in-block columns, the same in every block, instead of every pair of indices (from those, ptxas rebuilt the
+    column indices from the lane id over and over: the sm_90a gdn_fused aux loop had 50 instructions more)."""
+    BT: gl.constexpr = like.shape[0]
+    NB: gl.constexpr = BT // BLOCK
+    l4: gl.constexpr = gl.reshape(like, [NB, BLOCK, NB, BLOCK]).type.layout
+    block_row = gl.arange(0, NB, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, l4))))
+    row = gl.arange(0, BLOCK, gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, l4))))
+    block_col = gl.arange(0, NB, gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, l4))))
+    col = gl.arange(0, BLOCK, gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, l4))))
+    block_row = gl.expand_dims(gl.expand_dims(gl.expand_dims(block_row, 1), 2), 3)
+    row = gl.expand_dims(gl.expand_dims(gl.expand_dims(row, 0), 2), 3)
+    block_col = gl.expand_dims(gl.expand_dims(gl.expand_dims(block_col, 0), 1), 3)
+    col = gl.expand_dims(gl.expand_dims(gl.expand_dims(col, 0), 1), 2)
+    keep = (block_row > block_col) | ((block_row == block_col) & (row >= col))
+    return gl.convert_layout(gl.reshape(keep, [BT, BT]), like.type.layout)
 
 
 @gluon.jit
@@ -623,19 +645,12 @@ def _aux_partition(inputs, gates, terms, inverse, q_desc, seq_len):
     acc_tt: gl.constexpr = wgmma_layout(BT, BT, 4)
     rows: gl.constexpr = gl.SliceLayout(1, acc_tt)
     cols: gl.constexpr = gl.SliceLayout(0, acc_tt)
-    i0 = gl.expand_dims(gl.arange(0, BT, rows), 1)
-    j0 = gl.expand_dims(gl.arange(0, BT, cols), 0)
     zero = gl.zeros([BT, BT], gl.float32, acc_tt)
     for c in range(gl.cdiv(seq_len, BT)):
         slot = c % NUM_SLOTS
         inputs.bars.wait_ready(c)
         q_s = inputs.q.index(slot)
         k_s = inputs.k.index(slot)
-        # the row indices as values of this chunk (two a thread): hoisted out of the loop, the masks were packed
-        # into predicate bit registers (set and tested bit by bit); derived here, each compare is one ISETP beside
-        # its select (the column indices too would need 16 registers more: ptxas then serialises the wgmma)
-        i = loop_variant(i0, c)
-        j = j0
         # --- k k^T; the gates, and rk from the norms partition
         kk = warpgroup_mma(k_s, k_s.permute((1, 0)), zero, use_acc=False, is_async=True)
         gates.bars.wait_ready(c)
@@ -646,12 +661,11 @@ def _aux_partition(inputs, gates, terms, inverse, q_desc, seq_len):
         inputs.bars.wait_empty(c)  # the terms slot: the state partition frees both at once
         gam_r = gates.gam.index(slot).load(rows)
         a_rows = publish_row_scalings(terms, gates, c, seq_len, rows)
-        decay = chunk_decay(gates, c, gam_r, i, j, seq_len - c * BT, cols)
+        decay = chunk_decay(gates, c, gam_r, causal_mask(zero), seq_len - c * BT, cols)
         # -A: the inverse takes the negated blocks (_unit_lower_inverse)
         neg_a = kk * decay * gl.expand_dims(-a_rows, 1)
         # q k^T in flight while -L is staged (ptxas places its wait inside the diagonal blocks' inverse); the decay,
-        # which P needs after it, is held as fp16 pairs meanwhile: at fp32 nine values spilled, this way one
-        # (ptxas's packed mask bits, stored and reloaded once a chunk)
+        # which P needs after it, is held as fp16 pairs meanwhile (at fp32 nine values spilled)
         decay = decay.to(gl.float16)
         qk = warpgroup_mma(q_s, k_s.permute((1, 0)), zero, use_acc=False, is_async=True)
         d_blocks = inverse.stage(neg_a, c)

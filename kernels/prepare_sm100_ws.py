@@ -88,7 +88,7 @@ def _aux_partition(items, inputs, gates, bounds, terms, kk_tmem, a_smem, bt_smem
         # are free while the decay is built)
         gam_r = gates.gam.index(slot).load(rows)
         a_rows = gates.beta.index(slot).load(rows) * gates.rk.index(slot).load(rows)
-        decay = chunk_decay(gates, c, gam_r, i, j, n_rows, cols)
+        decay = chunk_decay(gates, c, gam_r, i >= j, n_rows, cols)
         a = gl.where(i > j, kk_tmem.load(reg_tt) * decay * gl.expand_dims(a_rows, 1), 0.0)
         # --- Tc = (I + A)^-1; kk_tmem is its accumulator (every warp has read k k^T: its first product starts
         # with a barrier)

@@ -313,7 +313,7 @@ def _aux_partition(items, inputs, gates, bounds, terms, inverse, flags):
         a_rows = gates.beta.index(slot).load(rows) * rk_r
         beta_cols = gates.beta.index(slot).load(cols)
         w_cols = beta_cols * gl.exp2(gates.gam.index(slot).load(cols)) * gates.rk.index(slot).load(cols)
-        decay = chunk_decay(gates, c, gam_r, i, j0, n_rows, cols)
+        decay = chunk_decay(gates, c, gam_r, i >= j0, n_rows, cols)
         gates.bars.release(c)
         # -A: the inverse's tiles hold the negated blocks (fused_sm90._unit_lower_inverse)
         d_blocks = inverse.stage(kk * decay * gl.expand_dims(-a_rows, 1), c)
