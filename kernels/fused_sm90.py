@@ -436,16 +436,18 @@ def chunk_decay(gates, c, gam_r, causal, n_rows, cols: gl.constexpr):
 
 
 @gluon.jit
-def causal_mask(like):
-    """t >= s (row t, column s) over a [BT, BT] tile in the layout of `like` (the wgmma accumulator's). Viewed as
-    [NB, BLOCK, NB, BLOCK] blocks, it is a compare of block indices or, in a diagonal block, of in-block indices:
-    a thread compares its block row (a warp's) with each of its block columns and its in-block rows with its
-    in-block columns, the same in every block, instead of every pair of indices (from those, ptxas rebuilt the
-    column indices from the lane id over and over: the sm_90a gdn_fused aux loop had 50 instructions more)."""
+def causal_mask(like, c):
+    """t >= s (row t, column s) over a [BT, BT] tile in the layout of `like` (the wgmma accumulator's), for chunk c.
+    Viewed as [NB, BLOCK, NB, BLOCK] blocks, it is a compare of block indices or, in a diagonal block, of in-block
+    indices: a thread compares its block row (a warp's) with each of its block columns and its in-block rows with
+    its in-block columns, the same in every block, instead of every pair of indices (from those, ptxas rebuilt
+    the column indices from the lane id over and over: the sm_90a gdn_fused aux loop had 40 instructions more).
+    The block row is a value of the chunk: hoisted out of the loop, its compares were spilled as booleans in the
+    fixed-length and gating variants (up to 7 local loads and stores a chunk instead of 1-3)."""
     BT: gl.constexpr = like.shape[0]
     NB: gl.constexpr = BT // BLOCK
     l4: gl.constexpr = gl.reshape(like, [NB, BLOCK, NB, BLOCK]).type.layout
-    block_row = gl.arange(0, NB, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, l4))))
+    block_row = gl.arange(0, NB, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, l4)))) + loop_variant(0, c)
     row = gl.arange(0, BLOCK, gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, l4))))
     block_col = gl.arange(0, NB, gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, l4))))
     col = gl.arange(0, BLOCK, gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, l4))))
@@ -661,7 +663,7 @@ def _aux_partition(inputs, gates, terms, inverse, q_desc, seq_len):
         inputs.bars.wait_empty(c)  # the terms slot: the state partition frees both at once
         gam_r = gates.gam.index(slot).load(rows)
         a_rows = publish_row_scalings(terms, gates, c, seq_len, rows)
-        decay = chunk_decay(gates, c, gam_r, causal_mask(zero), seq_len - c * BT, cols)
+        decay = chunk_decay(gates, c, gam_r, causal_mask(zero, c), seq_len - c * BT, cols)
         # -A: the inverse takes the negated blocks (_unit_lower_inverse)
         neg_a = kk * decay * gl.expand_dims(-a_rows, 1)
         # q k^T in flight while -L is staged (ptxas places its wait inside the diagonal blocks' inverse); the decay,
