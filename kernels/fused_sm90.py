@@ -27,10 +27,9 @@ Partitions, 16 warps (registers a thread by setmaxnreg; the kernel is compiled a
     the diagonal 16 x 16 blocks in the registers that hold them (their diagonal 8 x 8 quarters by forward
     substitution in fp32 with warp shuffles, the third quarter by two fp16 mma.sync), then fp16 wgmma in three
     round trips whose A operands are registers (the accumulator's own, converted in place) or a staged tile, their
-    B operands staged fp16 tiles. Two products are
-    in flight at once only where all their operands are in shared memory: with a register A operand, the second
-    accumulator needs more registers than the partition has, and ptxas then serialises every wgmma of the kernel
-    (C7512);
+    B operands staged fp16 tiles. Two products are in flight at once only where all their operands are in shared
+    memory: with a register A operand, the second accumulator needs more registers than the partition has, and
+    ptxas then serialises every wgmma of the kernel (C7512);
   * load, LOAD_WARPS warps at LOAD_REGS: TMA of the q, k, v tiles through per-sequence descriptors whose row
     bound is the sequence's length (a chunk's tail is zero-filled and never reads the next sequence) and the
     chunk's gates (gam = cumsum(g) by a warp scan), a chunk ahead of the tiles;
@@ -134,7 +133,6 @@ class SlotBarriers:
         """Every warp of the consuming partition is done with the slot: one arrive on empty."""
         gl.thread_barrier()
         mbarrier.arrive(self.empty.index(chunk % NUM_SLOTS), count=1)
-
 
 
 @aggregate
@@ -282,9 +280,9 @@ def _add(a, b):
 
 @gluon.jit
 def _inverse_row_norms(tile, out, factor, L2: gl.constexpr):
-    """out = factor * inverse_norm (fla's l2norm) of each row of the [BT, K] shared tile, or factor
-    without L2. A thread a row (the partition has BT threads), 8 values, one 16-byte load, at a time: the sum
-    never leaves the thread. (Eight lanes a row, with three shuffle steps a row, took 538 instructions a chunk
+    """out = factor * inverse_norm (fla's l2norm) of each row of the [BT, K] shared tile, or factor without
+    L2. A thread a row (the partition has BT threads), 8 values, one 16-byte load, at a time:
+    the sum never leaves the thread. (Eight lanes a row, with three shuffle steps a row, took 538 instructions a chunk
     instead of 399, and their shuffles queued beside the aux partition's: the kernel was 0.8-2.5 % slower.)"""
     BT: gl.constexpr = tile.shape[0]
     K: gl.constexpr = tile.shape[1]
@@ -446,14 +444,13 @@ def causal_mask(like, c):
     fixed-length and gating variants (up to 7 local loads and stores a chunk instead of 1-3)."""
     BT: gl.constexpr = like.shape[0]
     NB: gl.constexpr = BT // BLOCK
-    l4: gl.constexpr = gl.reshape(like, [NB, BLOCK, NB, BLOCK]).type.layout
-    block_row = gl.arange(0, NB, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, l4)))) + loop_variant(0, c)
+    like4 = gl.reshape(like, [NB, BLOCK, NB, BLOCK])
+    l4: gl.constexpr = like4.type.layout
+    block_row, block_col = _block_indices(like4)
+    block_row = block_row + loop_variant(0, c)
     row = gl.arange(0, BLOCK, gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, l4))))
-    block_col = gl.arange(0, NB, gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, l4))))
     col = gl.arange(0, BLOCK, gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, l4))))
-    block_row = gl.expand_dims(gl.expand_dims(gl.expand_dims(block_row, 1), 2), 3)
     row = gl.expand_dims(gl.expand_dims(gl.expand_dims(row, 0), 2), 3)
-    block_col = gl.expand_dims(gl.expand_dims(gl.expand_dims(block_col, 0), 1), 3)
     col = gl.expand_dims(gl.expand_dims(gl.expand_dims(col, 0), 1), 2)
     keep = (block_row > block_col) | ((block_row == block_col) & (row >= col))
     return gl.convert_layout(gl.reshape(keep, [BT, BT]), like.type.layout)
@@ -486,14 +483,22 @@ def _product(a, b_tile, acc, use_acc: gl.constexpr):
 
 
 @gluon.jit
-def _same_block(x4):
-    """[NB, 1, NB, 1] mask of the diagonal blocks of x4, a [NB, BLOCK, NB, BLOCK] view of a [BT, BT] tile."""
+def _block_indices(x4):
+    """Block row and block column indices, [NB, 1, 1, 1] and [1, 1, NB, 1], of x4, a [NB, BLOCK, NB, BLOCK] view of
+    a [BT, BT] tile."""
     NB: gl.constexpr = x4.shape[0]
     l4: gl.constexpr = x4.type.layout
     rows = gl.arange(0, NB, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, l4))))
     cols = gl.arange(0, NB, gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, l4))))
-    return gl.expand_dims(gl.expand_dims(gl.expand_dims(rows, 1), 2), 3) == \
-        gl.expand_dims(gl.expand_dims(gl.expand_dims(cols, 0), 1), 3)
+    return (gl.expand_dims(gl.expand_dims(gl.expand_dims(rows, 1), 2), 3),
+            gl.expand_dims(gl.expand_dims(gl.expand_dims(cols, 0), 1), 3))
+
+
+@gluon.jit
+def _same_block(x4):
+    """[NB, 1, NB, 1] mask of the diagonal blocks of x4, a [NB, BLOCK, NB, BLOCK] view of a [BT, BT] tile."""
+    block_row, block_col = _block_indices(x4)
+    return block_row == block_col
 
 
 @gluon.jit
@@ -610,8 +615,8 @@ def _block_diagonal(blocks, like):
     in the registers that hold them."""
     NB: gl.constexpr = blocks.shape[0]
     view = gl.reshape(like, [NB, BLOCK, NB, BLOCK])
-    spread = gl.where(_same_block(view), gl.expand_dims(gl.convert_layout(blocks, gl.SliceLayout(2, view.type.layout)),
-                                                        2), 0.0)
+    blocks = gl.convert_layout(blocks, gl.SliceLayout(2, view.type.layout))
+    spread = gl.where(_same_block(view), gl.expand_dims(blocks, 2), 0.0)
     return gl.convert_layout(gl.reshape(spread, [NB * BLOCK, NB * BLOCK]), like.type.layout)
 
 
