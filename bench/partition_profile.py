@@ -6,6 +6,7 @@ try-wait (SYNCS.PHASECHK) is a ring slot not yet filled or freed, WARPGROUP.DEPB
 partition's other warps. Two steps, from the repository root:
     python3 bench/partition_profile.py record --case 32x8192 --out DIR    # GPU host with ncu: DIR/source.csv
     python3 bench/partition_profile.py report DIR/source.csv              # anywhere gdn_aot's build module imports
+    python3 bench/partition_profile.py units DIR/raw.csv                  # anywhere: how busy each unit was
 record JIT-compiles the checkout's kernels/fused_sm90.py (bench/fused_ablate.py's copy and launch), runs it twice,
 profiles the third launch under ncu (--set full, --clock-control none) and exports its SASS source page with the
 stall-reason columns. report finds the loops from the predicated backward branches of that SASS and prints, for
@@ -14,6 +15,9 @@ and the instructions with the most samples, each with the one before it (which n
 With --phases, each loop also in phases: its body cut after every partition barrier, wgmma wait, mbarrier wait
 (with its retry branch) or arrive, and async-proxy fence, each phase with its instructions and share of the loop's
 samples (docs/performance.md groups them into named steps).
+record also exports the launch's metrics (DIR/raw.csv), and units prints from them what the partitions share: the
+utilisation of each pipe (the tensor cores' wgmma pipe among them), of shared memory and of the issue slots, and the
+stall reasons per issued instruction, the busiest first.
 """
 import argparse
 import csv
@@ -109,8 +113,46 @@ def partition_report(path, min_insns=100, top=8, with_phases=False):
     return "\n".join(lines)
 
 
+# the metrics `units` prints: the pipes', shared memory's and the schedulers' utilisation, and the stall reasons
+UNIT_METRICS = re.compile(r"^(sm__pipe_\w+_cycles_active\.avg\.pct_of_peak_sustained_active"
+                          r"|sm__inst_executed_pipe_\w+\.avg\.pct_of_peak_sustained_active"
+                          r"|l1tex__data_pipe_lsu_wavefronts_mem_shared\w*\.avg\.pct_of_peak_sustained_elapsed"
+                          r"|l1tex__data_bank_conflicts_pipe_lsu_mem_shared\w*\.sum"
+                          r"|smsp__issue_active\.avg\.pct_of_peak_sustained_active"
+                          r"|smsp__average_warps_issue_stalled_\w+_per_issue_active\.ratio)$")
+
+
+def read_raw_page(path):
+    """{metric: (value, unit)} of the first kernel in ncu's `--page raw --csv` export (a row of names, one of
+    units, then a row a profiled kernel); values that are not numbers are left out."""
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    at = next(i for i, r in enumerate(rows) if "Kernel Name" in r)
+    names, units, values = rows[at], rows[at + 1], rows[at + 2]
+    out = {}
+    for name, unit, value in zip(names, units, values):
+        try:
+            out[name] = (float(value.replace(",", "")), unit)
+        except ValueError:
+            pass
+    return out
+
+
+def units_report(path, top=40):
+    """The UNIT_METRICS of the raw export, the largest first within each kind (pipes, shared memory, issue, stalls)."""
+    metrics = {k: v for k, v in read_raw_page(path).items() if UNIT_METRICS.match(k)}
+    lines = []
+    for title, prefix in (("pipes, % of peak while active", "sm__"), ("shared memory", "l1tex__"),
+                          ("issue slots", "smsp__issue"), ("stalls, warps per issued instruction", "smsp__average")):
+        group = sorted(((v, u, k) for k, (v, u) in metrics.items() if k.startswith(prefix)), reverse=True)[:top]
+        lines.append(f"{title}:")
+        lines += [f"  {v:10.2f} {u:8s} {k}" for v, u, k in group if v > 0]
+    return "\n".join(lines)
+
+
 def record(case, out):
-    """Profile one launch of the checkout's gdn_fused on `case` (a fused_ablate.py case) into out/source.csv."""
+    """Profile one launch of the checkout's gdn_fused on `case` (a fused_ablate.py case) into out/source.csv and
+    out/raw.csv."""
     os.makedirs(out, exist_ok=True)
     report = os.path.join(out, "profile")
     subprocess.run(["ncu", "--clock-control", "none", "-k", "regex:fused_kernel", "--launch-skip", "2",
@@ -119,7 +161,9 @@ def record(case, out):
     with open(os.path.join(out, "source.csv"), "w") as f:
         subprocess.run(["ncu", "-i", report + ".ncu-rep", "--page", "source", "--csv", "--print-source", "sass"],
                        stdout=f, check=True)
-    print(f"wrote {os.path.join(out, 'source.csv')}")
+    with open(os.path.join(out, "raw.csv"), "w") as f:
+        subprocess.run(["ncu", "-i", report + ".ncu-rep", "--page", "raw", "--csv"], stdout=f, check=True)
+    print(f"wrote {os.path.join(out, 'source.csv')} and raw.csv")
 
 
 def launch(case):
@@ -145,7 +189,7 @@ def main(argv=None):
     sub = ap.add_subparsers(dest="step", required=True)
     r = sub.add_parser("record", help="profile one launch under ncu (GPU host)")
     r.add_argument("--case", default="32x8192", help="a bench/fused_ablate.py case")
-    r.add_argument("--out", required=True, help="folder for profile.ncu-rep and source.csv")
+    r.add_argument("--out", required=True, help="folder for profile.ncu-rep, source.csv and raw.csv")
     la = sub.add_parser("launch", help="(what record runs under ncu)")
     la.add_argument("--case", default="32x8192")
     p = sub.add_parser("report", help="samples per chunk loop from source.csv")
@@ -153,11 +197,15 @@ def main(argv=None):
     p.add_argument("--min-insns", type=int, default=100, help="smaller loops (mbarrier retries) are left out")
     p.add_argument("--top", type=int, default=8, help="instructions listed a loop")
     p.add_argument("--phases", action="store_true", help="each loop also cut at its barriers, waits and fences")
+    u = sub.add_parser("units", help="pipe, shared-memory and issue utilisation and stall reasons from raw.csv")
+    u.add_argument("csv")
     args = ap.parse_args(argv)
     if args.step == "record":
         record(args.case, args.out)
     elif args.step == "launch":
         launch(args.case)
+    elif args.step == "units":
+        print(units_report(args.csv))
     else:
         print(partition_report(args.csv, args.min_insns, args.top, args.phases))
 

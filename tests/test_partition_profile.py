@@ -71,3 +71,27 @@ def test_phases_cut_a_loop_at_its_waits_and_barriers(tmp_path):
     report = partition_profile.partition_report(tmp_path / "source.csv", min_insns=3, top=1, with_phases=True)
     assert "  0x00010-0x00020    2 instructions  64.2 %  ends: @!P0  BRA" in report
     assert "  0x00030-0x00040    2 instructions  31.6 %  ends: WARPGROUP.DEPBAR" in report
+
+
+def test_units_report_ranks_the_shared_units(tmp_path):
+    names = ["ID", "Kernel Name", "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active",
+             "sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active",
+             "l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_elapsed",
+             "smsp__issue_active.avg.pct_of_peak_sustained_active",
+             "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio",
+             "smsp__average_warps_issue_stalled_wait_per_issue_active.ratio", "dram__bytes.sum"]
+    with open(tmp_path / "raw.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(names)
+        w.writerow(["", "", "%", "%", "%", "%", "ratio", "ratio", "byte"])
+        w.writerow(["0", "fused_kernel", "41.5", "12.25", "38.0", "40.1", "0.8", "2.5", "1,234,567"])
+    raw = partition_profile.read_raw_page(tmp_path / "raw.csv")
+    assert raw["dram__bytes.sum"] == (1234567.0, "byte") and "Kernel Name" not in raw
+    lines = partition_profile.units_report(tmp_path / "raw.csv").splitlines()
+    assert lines[0] == "pipes, % of peak while active:"
+    # the busiest pipe first; metrics outside UNIT_METRICS (dram bytes) are left out
+    assert lines[1].split() == ["41.50", "%", "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active"]
+    assert lines[2].split()[0] == "12.25" and lines[3] == "shared memory:"
+    stalls = lines[lines.index("stalls, warps per issued instruction:") + 1:]
+    assert [s.split()[0] for s in stalls] == ["2.50", "0.80"]
+    assert not any("dram" in line for line in lines)
