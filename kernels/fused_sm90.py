@@ -280,10 +280,10 @@ def _add(a, b):
 
 @gluon.jit
 def _inverse_row_norms(tile, out, factor, L2: gl.constexpr):
-    """out = factor * inverse_norm (fla's l2norm) of each row of the [BT, K] shared tile, or factor without
-    L2. A thread a row (the partition has BT threads), 8 values, one 16-byte load, at a time:
-    the sum never leaves the thread. (Eight lanes a row, with three shuffle steps a row, took 538 instructions a chunk
-    instead of 399, and their shuffles queued beside the aux partition's: the kernel was 0.8-2.5 % slower.)"""
+    """out = factor * inverse_norm (fla's l2norm) of each row of the [BT, K] shared tile, or factor without L2.
+    A thread a row (the partition has BT threads), 8 values, one 16-byte load, at a time: the sum never leaves the
+    thread. (Eight lanes a row, with three shuffle steps a row, took 538 instructions a chunk instead of 399, and
+    their shuffles queued beside the aux partition's: the kernel was 0.8-2.5 % slower.)"""
     BT: gl.constexpr = tile.shape[0]
     K: gl.constexpr = tile.shape[1]
     gl.static_assert(BT == 32 * gl.num_warps(), "a thread a row")
