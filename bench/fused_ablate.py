@@ -47,8 +47,8 @@ VARIANTS = {
     "fused": lambda s: s,
     "fused_copy": lambda s: s,
     "aux_stub": lambda s: _cut(
-        s, "        # --- k k^T; the gates", "        terms.bars.publish(c)",
-        "        gates.bars.wait_ready(c)\n        terms.rk_bars.wait_ready(c)\n        inputs.bars.wait_empty(c)\n"
+        s, "        # --- k k^T, the gates", "        terms.bars.publish(c)",
+        "        gates.bars.wait_ready(c)\n        inputs.bars.wait_empty(c)\n"
         "        fence_async_shared()\n"),
     "state_stub": lambda s: _cut(
         s, "        # kh = S k^T (critical path)", "        # o^T -> [BT, V] staging tile",

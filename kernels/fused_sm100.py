@@ -28,8 +28,8 @@ default warps at 128 registers a thread, a full register file, and setmaxnreg mo
     NUM_SLOTS chunks ahead of the state;
   * load and norms, 2 + 2 warps, 24 registers: fused_sm90.py's partitions as they are: TMA of the q, k, v tiles
     through per-sequence descriptors whose row bound is the sequence's length (a chunk's tail is zero-filled,
-    never the next sequence's rows) and the gates into the gate ring; rk into the gate slot, then rq into the terms
-    ring, once the tiles land.
+    never the next sequence's rows) and the gates into the gate ring; rq into the terms ring once the q tile
+    lands (the aux partition reads rk off the diagonal of k k^T).
 Units: TMA (UTMALDG) fills the input ring and o leaves by TMA store (UTMASTG) through a two-tile staging buffer;
 the tensor cores run every product as tcgen05 MMAs (UTCHMMA: M = 128 on the state side, M = 64 for the aux's
 [BT, BT] products; the diagonal blocks of the inverse are warp-level mma.sync, HMMA) from shared memory and TMEM
@@ -40,8 +40,8 @@ the chain and take no work off it. The state's MMAs on one input slot are follow
 slot's empty barrier, so the slot goes back to the load warp when the tensor cores are done reading it.
 Rings (fused_sm90.py's InputRing, GateRing, TermRing): the inputs (q, k, v; ready when the TMA bytes land; empty
 once the state's MMAs and the norms partition have read them: the aux's reads are over before it publishes the
-chunk's terms, fused_sm90.chunk_rings), the gates (load, and rk from the norms partition -> aux) and the chunk
-terms (Tv, P, row scalings; aux -> state).
+chunk's terms, fused_sm90.chunk_rings), the gates (load -> aux, which adds rk) and the chunk terms (Tv, P, row
+scalings; aux -> state).
 TMEM, all 512 columns: S 128, its 16-bit copy 64 (whose columns then hold the 16-bit kh, then v_new, and v_dec),
 S k^T then v_new P^T 64, S q^T 64, v_new 64; the aux's k k^T (then the inverse's accumulator) and q k^T 64 each.
 Shared memory (203 KB): inputs 2 x 48 KB, terms 2 x 18 KB, gates 2.5 KB, the inverse's two fp32 operand tiles
@@ -60,7 +60,7 @@ from .common import (Checkpoints, GateSource, load_state_tile, loop_variant, mba
                      sequence_bounds, state_io_layout, store_state_tile)
 from .fused_sm90 import (GATE_IN_KERNEL, HEAD_MAJOR, K_SCALE, LOAD_REGS, LOAD_WARPS, NORMS_WARPS, NUM_SLOTS, O_SCALE,
                          V_SCALE, _load_partition, _norms_partition, chunk_decay, chunk_rings,
-                         head_tiles, publish_inverse, publish_row_scalings, state_slot)
+                         head_tiles, publish_inverse, publish_key_norms, publish_row_scalings, state_slot)
 from .inverse_sm100 import unit_lower_inverse
 
 HAS_H0 = gl.constexpr(_HAS_H0)
@@ -133,7 +133,7 @@ def _tmem_operands_ready():
 
 
 @gluon.jit
-def _aux_partition(inputs, gates, terms, scratch, q_desc, seq_len):
+def _aux_partition(inputs, gates, terms, scratch, q_desc, seq_len, flags):
     """The state-independent terms of every chunk (see the module docstring), into the terms ring."""
     BT: gl.constexpr = q_desc.block_type.shape[0]
     dtype: gl.constexpr = q_desc.block_type.element_ty
@@ -147,7 +147,7 @@ def _aux_partition(inputs, gates, terms, scratch, q_desc, seq_len):
         i = gl.expand_dims(gl.arange(0, BT, rows), 1) + loop_variant(0, c)
         j = gl.expand_dims(gl.arange(0, BT, cols), 0) + loop_variant(0, c)
         phase = c & 1  # scratch.bar completes five times a chunk: k k^T with q k^T, then the inverse's four
-        # --- k k^T and q k^T on the tensor cores; the gates and rk (the norms partition's), then the decay matrix
+        # --- k k^T and q k^T on the tensor cores; rk from the diagonal of k k^T, then the decay matrix
         # (the input and gate slots are freed by the terms' publication: fused_sm90.chunk_rings)
         inputs.bars.wait_ready(c)
         k_s = inputs.k.index(slot)
@@ -156,7 +156,7 @@ def _aux_partition(inputs, gates, terms, scratch, q_desc, seq_len):
         tcgen05_commit(scratch.bar)
         gates.bars.wait_ready(c)
         mbarrier.wait(scratch.bar, phase)
-        terms.rk_bars.wait_ready(c)
+        publish_key_norms(gates, c, scratch.kk.load(reg_tt), flags)
         gam_r = gates.gam.index(slot).load(rows)
         decay = chunk_decay(gates, c, gam_r, i >= j, seq_len - c * BT, cols)
         kk = scratch.kk.load(reg_tt)  # again: k k^T stays in TMEM, and its registers are free during the decay
@@ -301,9 +301,9 @@ def fused_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0, ht, state_ind
 
     gl.warp_specialize([
         (_state_partition, (st, inputs, terms, o_desc, o_stage, seq_len, checkpoints)),
-        (_aux_partition, (inputs, gates, terms, scratch, q_desc, seq_len)),
+        (_aux_partition, (inputs, gates, terms, scratch, q_desc, seq_len, flags)),
         (_load_partition, (inputs, gates, terms, q_desc, k_desc, v_desc, gate_source, seq_len, HV)),
-        (_norms_partition, (inputs, gates, terms, q_desc, seq_len, scale, flags, False)),
+        (_norms_partition, (inputs, terms, q_desc, seq_len, scale, flags, False)),
     ], [4, LOAD_WARPS, NORMS_WARPS], [AUX_REGS, LOAD_REGS, LOAD_REGS])
     # the last state update has completed (the state partition waited for it)
     h_final = gl.permute(st.s.load(reg_vk), [1, 0])

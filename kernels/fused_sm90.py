@@ -23,22 +23,24 @@ Partitions, 16 warps (registers a thread by setmaxnreg; the kernel is compiled a
     With fewer (an aux budget above 104), ptxas serialises every wgmma of the kernel (C7512), and it does the
     same when S q^T is still in flight while v_new's product is issued: S k^T and S q^T are waited on together;
   * aux, one warpgroup, AUX_REGS: what a chunk needs that does not depend on the state, up to NUM_SLOTS chunks
-    ahead of it: k k^T and q k^T on wgmma, the decay matrix, P, the row scalings, and Tc by the blocked inverse:
-    the diagonal 16 x 16 blocks in the registers that hold them (their diagonal 8 x 8 quarters by forward
-    substitution in fp32 with warp shuffles, the third quarter by two fp16 mma.sync), then fp16 wgmma in three
-    round trips whose A operands are registers (the accumulator's own, converted in place) or a staged tile, their
-    B operands staged fp16 tiles. Two products are in flight at once only where all their operands are in shared
-    memory: with a register A operand, the second accumulator needs more registers than the partition has, and
-    ptxas then serialises every wgmma of the kernel (C7512);
+    ahead of it: k k^T and q k^T on wgmma (rk is the diagonal of k k^T), the decay matrix, P, the row scalings, and
+    Tc by the blocked inverse: the diagonal 16 x 16 blocks in the registers that hold them (their diagonal 8 x 8
+    quarters by forward substitution in fp32 with warp shuffles, the third quarter by two fp16 mma.sync), then fp16
+    wgmma in three round trips whose A operands are registers (the accumulator's own, converted in place) or a
+    staged tile, their B operands staged fp16 tiles. Two products are in flight at once only where all their
+    operands are in shared memory: with a register A operand, the second accumulator needs more registers than the
+    partition has, and ptxas then serialises every wgmma of the kernel (C7512);
   * load, LOAD_WARPS warps at LOAD_REGS: TMA of the q, k, v tiles through per-sequence descriptors whose row
     bound is the sequence's length (a chunk's tail is zero-filled and never reads the next sequence) and the
     chunk's gates (gam = cumsum(g) by a warp scan), a chunk ahead of the tiles;
-  * norms, NORMS_WARPS warps at LOAD_REGS: as soon as a chunk's tiles land, rk into the gate slot, then scale rq
-    into the terms ring (each on barriers of its own), a row a thread. rk is needed first, by the aux partition;
-    rq only scales the columns of o^T, which the state partition computes last. A partition of its own, because
-    in the load loop it waited behind the input slot's wait, which follows the state's pace.
+  * norms, NORMS_WARPS warps at LOAD_REGS: scale rq into the terms ring (on barriers of its own), a row a thread,
+    as soon as the q tile lands. rq only scales the columns of o^T, which the state partition computes last, so it
+    is needed late and the aux partition has one Gram matrix less to reduce. A partition of its own, because in the
+    load loop it waited behind the input slot's wait, which follows the state's pace. (rk here as well, published
+    first on barriers of its own, was 0.2-1.5 % slower than rk off the diagonal of the aux's k k^T: the aux then
+    waited for it.)
 Rings (InputRing, GateRing, TermRing below; each slot a ready and an empty mbarrier, SlotBarriers): the inputs
-(load -> aux, state and norms), the gates (load -> aux; the norms partition adds rk) and the chunk terms (aux ->
+(load -> aux, state and norms), the gates (load -> aux; the aux partition adds rk) and the chunk terms (aux ->
 state, and rq, norms -> state). Few partitions free what they read, because Triton's barrier analysis puts a
 partition barrier between an arrive and the partition's next shared-memory access (chunk_rings): the aux partition
 arrives only on the terms' ready barrier, and the sm_90a state partition once a chunk, on the input slot's empty
@@ -155,7 +157,7 @@ class InputRing:
 class GateRing:
     """Per-row vectors of a chunk, [NUM_SLOTS, BT] fp32 each (load -> aux): gam = cumsum(g) in log2 units, beta,
     gam of the chunk's last row (in every entry), and rk, the inverse L2 norms of the k rows (1 without
-    FUSED_L2NORM), which gdn_fused's norms partition adds (the warp-specialised gdn_prepare's aux partition)."""
+    FUSED_L2NORM), which the aux partition adds (publish_key_norms)."""
     gam: gl.shared_memory_descriptor
     beta: gl.shared_memory_descriptor
     gam_last: gl.shared_memory_descriptor
@@ -176,25 +178,22 @@ class TermRing:
     """What the state partition takes for a chunk: from the aux partition Tc diag(beta) and P [NUM_SLOTS, BT, BT]
     in the input dtype and the SCALINGS row scalings [NUM_SLOTS * SCALINGS, BT] fp32
     (bars); from the norms partition scale rq [NUM_SLOTS, BT] fp32, the column scaling of o^T, which the state needs
-    last (rq_bars: its own barriers, so the state never waits for it to start a chunk). rk_bars: the norms
-    partition's rk of a chunk is in its gate slot (the aux partition's only wait on the norms partition)."""
+    last (rq_bars: its own barriers, so the state never waits for it to start a chunk)."""
     tc_v: gl.shared_memory_descriptor
     p: gl.shared_memory_descriptor
     scalings: gl.shared_memory_descriptor
     bars: SlotBarriers
     rq: gl.shared_memory_descriptor
     rq_bars: SlotBarriers
-    rk_bars: SlotBarriers
 
     @gluon.constexpr_function
-    def __init__(self, tc_v, p, scalings, bars, rq, rq_bars, rk_bars):
+    def __init__(self, tc_v, p, scalings, bars, rq, rq_bars):
         self.tc_v = tc_v
         self.p = p
         self.scalings = scalings
         self.bars = bars
         self.rq = rq
         self.rq_bars = rq_bars
-        self.rk_bars = rk_bars
 
     @gluon.jit
     def scaling(self, chunk, row):
@@ -299,25 +298,17 @@ def _inverse_row_norms(tile, out, factor, L2: gl.constexpr):
 
 
 @gluon.jit
-def _norms_partition(inputs, gates, terms, q_desc, seq_len, scale, flags, rq_freed_with_inputs: gl.constexpr):
-    """For each chunk c, once its tiles have landed: rk into its gate slot (terms.rk_bars; the slot is free once the
-    terms of chunk c - NUM_SLOTS are out, as for the load partition's rows of it), which the aux partition needs
-    first; then scale rq into the terms ring (only the state partition uses it, as the column scaling of o^T, at
-    the end of the chunk); then the chunk's input slot is released. The rq slot is free when the state partition
-    has released it, or, with rq_freed_with_inputs, as soon as the chunk's inputs have landed: the state then reads
-    rq before it frees the input slot."""
+def _norms_partition(inputs, terms, q_desc, seq_len, scale, flags, rq_freed_with_inputs: gl.constexpr):
+    """For each chunk c, once its q tile has landed: scale rq into the terms ring (only the state partition uses it,
+    as the column scaling of o^T, at the end of the chunk); then the chunk's input slot is released. The rq slot is
+    free when the state partition has released it, or, with rq_freed_with_inputs, as soon as the chunk's inputs
+    have landed: the state then reads rq before it frees the input slot."""
     BT: gl.constexpr = q_desc.block_type.shape[0]
     for c in range(gl.cdiv(seq_len, BT)):
         slot = c % NUM_SLOTS
-        inputs.bars.wait_ready(c)
-        _wait_gate_slot(terms, c)
-        if flags & L2NORM:
-            _inverse_row_norms(inputs.k.index(slot), gates.rk.index(slot), 1.0, True)
-        else:
-            _inverse_row_norms(inputs.k.index(slot), gates.rk.index(slot), 1.0, False)
-        terms.rk_bars.publish(c)
         if not rq_freed_with_inputs:
             terms.rq_bars.wait_empty(c)
+        inputs.bars.wait_ready(c)
         if flags & L2NORM:
             _inverse_row_norms(inputs.q.index(slot), terms.rq.index(slot), scale, True)
         else:
@@ -645,7 +636,27 @@ def _unit_lower_inverse(d_blocks, l_tile, n_tile, w_tile, d_tile, zero):
 
 
 @gluon.jit
-def _aux_partition(inputs, gates, terms, inverse, q_desc, seq_len):
+def publish_key_norms(gates, c, kk, flags):
+    """rk of chunk c into its gate slot: inverse_norm(|k_t|^2) of each k row t (fla's l2norm), read off the
+    diagonal of k k^T, which the tensor cores compute anyway (1 without the L2NORM flag bit, gdn_fused's and
+    gdn_prepare's alike): the diagonal of its diagonal blocks, a select over a thread's 8 entries of them instead of
+    its 32 of the tile. Every aux partition's (both arches, gdn_fused and the warp-specialised gdn_prepare); every
+    warp of it has stored its rows on return."""
+    blocks = _diagonal_blocks(kk)
+    NB: gl.constexpr = blocks.shape[0]
+    layout: gl.constexpr = blocks.type.layout
+    t, s = _in_block_indices(layout)
+    diagonal = gl.sum(gl.where(t == s, blocks, 0.0), axis=2)
+    rk = gates.rk.index(c % NUM_SLOTS)._reinterpret(gl.float32, [NB, BLOCK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    if flags & L2NORM:
+        rk.store(inverse_norm(diagonal))
+    else:
+        rk.store(gl.full_like(diagonal, 1.0))
+    gl.thread_barrier()
+
+
+@gluon.jit
+def _aux_partition(inputs, gates, terms, inverse, q_desc, seq_len, flags):
     """The state-independent terms of every chunk (see the module docstring), into the terms ring."""
     BT: gl.constexpr = q_desc.block_type.shape[0]
     dtype: gl.constexpr = q_desc.block_type.element_ty
@@ -658,11 +669,11 @@ def _aux_partition(inputs, gates, terms, inverse, q_desc, seq_len):
         inputs.bars.wait_ready(c)
         q_s = inputs.q.index(slot)
         k_s = inputs.k.index(slot)
-        # --- k k^T; the gates, and rk from the norms partition
+        # --- k k^T, the gates, and rk off the diagonal of k k^T
         kk = warpgroup_mma(k_s, k_s.permute((1, 0)), zero, use_acc=False, is_async=True)
         gates.bars.wait_ready(c)
-        terms.rk_bars.wait_ready(c)
         kk = warpgroup_mma_wait(0, deps=[kk])
+        publish_key_norms(gates, c, kk, flags)
 
         # --- the row scalings, A and its two parts, then P: only the decay matrix is live beside one product
         inputs.bars.wait_empty(c)  # the terms slot: the state partition frees both at once
@@ -799,8 +810,8 @@ def chunk_rings(q_desc, k_desc, v_desc):
     arrive costs its partition a barrier (Triton's barrier analysis puts one between an arrive and the next
     shared-memory access), so the slots of a chunk are freed by as few arrives as their readers' order allows:
       * the aux partition's reads of an input and a gate slot are over before it publishes the chunk's terms:
-        the state partition waits for those before it frees the input slot, and the load and norms partitions
-        before they refill the gate slot (_wait_gate_slot);
+        the state partition waits for those before it frees the input slot, and the load partition
+        before it refills the gate slot (_wait_gate_slot);
       * on sm_90a the state partition frees a chunk's input slot after its last read of the chunk's terms and rq:
         the aux partition waits for that before it rewrites a terms slot, and the norms partition writes rq only
         once the next inputs of the slot have landed (_norms_partition with rq_freed_with_inputs);
@@ -815,8 +826,7 @@ def chunk_rings(q_desc, k_desc, v_desc):
     terms = TermRing(gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, BT], tile_tt),
                      gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, BT], tile_tt),
                      gl.allocate_shared_memory(gl.float32, [NUM_SLOTS * SCALINGS, BT], plain), SlotBarriers.make(1, 1),
-                     gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain), SlotBarriers.make(1, 1),
-                     SlotBarriers.make(1, 1))
+                     gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain), SlotBarriers.make(1, 1))
     return inputs, gates, terms
 
 
@@ -852,9 +862,9 @@ def fused_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0, ht, state_ind
 
     state = gl.warp_specialize([
         (_state_partition, (state, inputs, terms, o_desc, o_stage, seq_len, checkpoints)),
-        (_aux_partition, (inputs, gates, terms, inverse, q_desc, seq_len)),
+        (_aux_partition, (inputs, gates, terms, inverse, q_desc, seq_len, flags)),
         (_load_partition, (inputs, gates, terms, q_desc, k_desc, v_desc, gate_source, seq_len, HV)),
-        (_norms_partition, (inputs, gates, terms, q_desc, seq_len, scale, flags, True)),
+        (_norms_partition, (inputs, terms, q_desc, seq_len, scale, flags, True)),
     ], [4, LOAD_WARPS, NORMS_WARPS], [AUX_REGS, LOAD_REGS, LOAD_REGS])[0]
     store_state_tile(ht, gl.permute(state, [1, 0]), slot, i_hv, 0, HV, ((flags & STORE_HT) != 0) & (slot >= 0),
                      K, V, V, TRANSPOSE_STATE)

@@ -48,10 +48,10 @@ from triton.experimental.gluon.language.nvidia.blackwell import (TensorMemoryLay
                                                                   mbarrier, tcgen05_commit, tcgen05_mma, tma)
 
 from .common import loop_variant, mbarriers
-from .fused_sm90 import NUM_SLOTS, chunk_decay
+from .fused_sm90 import NUM_SLOTS, chunk_decay, publish_key_norms
 from .inverse_sm100 import unit_lower_inverse
 from .prepare_sm90_ws import (LOAD_WARPS, _load_partition, batch_descs, item_outputs, item_rings, item_rows,
-                              program_items, publish_key_norms)
+                              program_items)
 
 AUX_REGS = gl.constexpr(224)
 LOAD_REGS = gl.constexpr(32)

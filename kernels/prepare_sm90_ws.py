@@ -35,10 +35,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.language.core import _aggregate as aggregate
 
 from . import PREPARE_L2NORM as _L2NORM
-from .common import (LN2, LOG2E, inverse_norm, inverse_row_norms, loop_variant, row_data_rows, row_data_start,
+from .common import (LN2, LOG2E, inverse_row_norms, loop_variant, row_data_rows, row_data_start,
                      sequence_of_chunk_slot, store_rows, token_major_desc, wgmma_layout)
-from .fused_sm90 import (BLOCK, NUM_SLOTS, InverseScratch, SlotBarriers, _diagonal_blocks, _in_block_indices,
-                         _publish_gates, chunk_decay, input_and_gate_rings)
+from .fused_sm90 import (NUM_SLOTS, InverseScratch, SlotBarriers, _publish_gates, chunk_decay, input_and_gate_rings,
+                         publish_key_norms)
 
 L2NORM = gl.constexpr(_L2NORM)
 AUX_REGS = gl.constexpr(152)
@@ -264,26 +264,6 @@ def _load_partition(items, inputs, gates, bounds, q_desc, k_desc, v_desc, g, bet
         tma.async_copy_global_to_shared(q_desc, [start, i_h * K], ready, inputs.q.index(slot))
         tma.async_copy_global_to_shared(k_desc, [start, i_h * K], ready, inputs.k.index(slot))
         tma.async_copy_global_to_shared(v_desc, [start, i_hv * V], ready, inputs.v.index(slot))
-
-
-@gluon.jit
-def publish_key_norms(gates, c, kk, flags):
-    """rk of chunk c into its gate slot: inverse_norm(|k_t|^2) of each k row t (fla's l2norm), read off the
-    diagonal of k k^T, which the tensor cores compute anyway (1 without PREPARE_L2NORM): the diagonal of its
-    diagonal blocks, a select over a thread's 8 entries of them instead of its 32 of the tile. Both arches' aux
-    partitions (gdn_fused's norms partition sums the k rows instead); every warp of it has stored its rows on
-    return."""
-    blocks = _diagonal_blocks(kk)
-    NB: gl.constexpr = blocks.shape[0]
-    layout: gl.constexpr = blocks.type.layout
-    t, s = _in_block_indices(layout)
-    diagonal = gl.sum(gl.where(t == s, blocks, 0.0), axis=2)
-    rk = gates.rk.index(c % NUM_SLOTS)._reinterpret(gl.float32, [NB, BLOCK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-    if flags & L2NORM:
-        rk.store(inverse_norm(diagonal))
-    else:
-        rk.store(gl.full_like(diagonal, 1.0))
-    gl.thread_barrier()
 
 
 @gluon.jit
