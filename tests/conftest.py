@@ -18,6 +18,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# `python -m pytest` from the checkout puts it first on sys.path, where its top-level kernels/, loader/ and build/
+# would shadow packages of those names that other libraries import (transformers probes for the hub's `kernels`).
+# The tests import the installed gdn_aot, never the checkout's folders, so the checkout leaves the path.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != REPO]
 REQUIRE_ALL = os.environ.get("GDN_AOT_REQUIRE_ALL_KERNELS") == "1"
 ARCHES = ("sm_90a", "sm_100a", "sm_103a")  # what specs/tiny.yaml builds
 

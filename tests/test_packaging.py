@@ -1,10 +1,12 @@
 """Packaging: one `gdn_aot` namespace in the wheel, a cheap `import gdn_aot`, the console script."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 import zipfile
+from pathlib import Path
 
 from conftest import ARCHES, run_cli
 
@@ -38,6 +40,17 @@ def test_import_is_cheap(tmp_path):
     r = subprocess.run([sys.executable, "-c", "import gdn_aot; print(gdn_aot.__all__)"], capture_output=True,
                        text=True, cwd=tmp_path)
     assert "chunk_gated_delta_rule" in r.stdout
+
+
+def test_the_checkout_does_not_shadow_other_packages():
+    """Run as `python -m pytest` from the checkout, its top-level kernels/ would be found as the `kernels` package
+    that transformers probes for (a GPU host with transformers failed to collect its test): conftest takes the
+    checkout off sys.path, and the tests import the installed gdn_aot."""
+    from conftest import REPO
+
+    assert all(Path(p or ".").resolve() != REPO for p in sys.path)
+    spec = importlib.util.find_spec("kernels")
+    assert spec is None or REPO not in Path(spec.origin).parents
 
 
 def test_cli_help():
