@@ -11,7 +11,8 @@ record JIT-compiles the checkout's kernels/fused_sm90.py (bench/fused_ablate.py'
 profiles the third launch under ncu (--set full, --clock-control none) and exports its SASS source page with the
 stall-reason columns. report finds the loops from the predicated backward branches of that SASS and prints, for
 each loop of at least --min-insns instructions: its samples and share of the kernel's, the leading stall reasons,
-and the instructions with the most samples, each with the one before it (which names the barrier or product).
+and the instructions with the most samples, each with the one before it (which names the barrier or product);
+where the export has the columns, also the loop's shared-memory wavefronts a warp an iteration, by opcode.
 With --phases, each loop also in phases: its body cut after every partition barrier, wgmma wait, mbarrier wait
 (with its retry branch) or arrive, and async-proxy fence, each phase with its instructions and share of the loop's
 samples (docs/performance.md groups them into named steps).
@@ -29,6 +30,7 @@ from collections import Counter
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SAMPLES = "Warp Stall Sampling (All Samples)"
+WAVEFRONTS, EXECUTED = "L1 Wavefronts Shared", "Instructions Executed"
 _TARGET = re.compile(r"\b(BRA(?:\.\w+)*\s+(?:!?UP\w+,\s*)?)0x([0-9a-f]+)")  # with sm_100a's uniform-predicate operand
 
 
@@ -45,6 +47,33 @@ def read_source_page(path):
     base = int(body[0][addr], 16)
     return base, [(int(r[addr], 16) - base, r[src].strip(), int(r[total] or 0),
                    {h[len("stall_"):]: int(r[i] or 0) for h, i in reasons.items()}) for r in body]
+
+
+def read_shared_wavefronts(path):
+    """{offset: (warp-level executions, shared-memory wavefronts)} from the same export, or {} where it has no
+    such columns (wgmma's operand reads from shared memory count as wavefronts too)."""
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    at = next(i for i, r in enumerate(rows) if "Address" in r and SAMPLES in r)
+    header, body = rows[at], rows[at + 1:]
+    if WAVEFRONTS not in header or EXECUTED not in header:
+        return {}
+    addr, waves, executed = header.index("Address"), header.index(WAVEFRONTS), header.index(EXECUTED)
+    body = [r for r in body if len(r) > max(waves, executed) and r[addr].startswith("0x")]
+    base = int(body[0][addr], 16)
+    number = lambda x: float(x.replace(",", "") or 0)  # noqa: E731
+    return {int(r[addr], 16) - base: (number(r[executed]), number(r[waves])) for r in body}
+
+
+def shared_traffic(body, counts, opcodes):
+    """A loop's shared-memory wavefronts a warp an iteration, in all and by opcode, the most first: each
+    instruction's wavefronts over the executions of the loop's last instruction (its backward branch)."""
+    iterations = counts.get(body[-1][0], (0, 0))[0] or 1
+    by_op = Counter()
+    for off, *_ in body:
+        by_op[opcodes[off]] += counts.get(off, (0, 0))[1] / iterations
+    shown = ", ".join(f"{op} {v:.0f}" for op, v in by_op.most_common() if v >= 0.5)
+    return f"  shared-memory wavefronts a warp an iteration: {sum(by_op.values()):.0f} ({shown})"
 
 
 def as_sass_text(insns, base):
@@ -89,6 +118,7 @@ def partition_report(path, min_insns=100, top=8, with_phases=False):
     prev = {off + 16: text for off, text, _, _ in insns}
     loops = [(a, b) for a, b in outer_loops(loop_ranges(sass_text))
              if sum(1 for off, *_ in insns if a <= off <= b) >= min_insns]
+    counts = read_shared_wavefronts(path)
     kernel_total = sum(n for _, _, n, _ in insns) or 1
     lines = [f"{kernel_total} samples in the kernel; loops of at least {min_insns} instructions:"]
     for a, b in loops:
@@ -101,6 +131,8 @@ def partition_report(path, min_insns=100, top=8, with_phases=False):
         lines.append(f"\nloop {a:#x}-{b:#x}: {len(body)} instructions (HGMMA {ops['HGMMA']}, FFMA {ops['FFMA']}), "
                      f"{n} samples ({100 * n / kernel_total:.1f} % of the kernel)")
         lines.append("  " + ", ".join(f"{k} {100 * v / n:.1f} %" for k, v in why.most_common(6)))
+        if counts:
+            lines.append(shared_traffic(body, counts, opcodes))
         for off, text, m, w in sorted(body, key=lambda x: -x[2])[:top]:
             lead = ", ".join(f"{k} {v}" for k, v in Counter(w).most_common(2))
             before = prev.get(off, "")
@@ -116,7 +148,7 @@ def partition_report(path, min_insns=100, top=8, with_phases=False):
 # the metrics `units` prints: the pipes', shared memory's and the schedulers' utilisation, and the stall reasons
 UNIT_METRICS = re.compile(r"^(sm__pipe_\w+_cycles_active\.avg\.pct_of_peak_sustained_active"
                           r"|sm__inst_executed_pipe_\w+\.avg\.pct_of_peak_sustained_active"
-                          r"|l1tex__data_pipe_lsu_wavefronts_mem_shared\w*\.avg\.pct_of_peak_sustained_elapsed"
+                          r"|l1tex__data_pipe_lsu_wavefronts_mem_shared\w*\.(?:avg|sum)\.pct_of_peak_sustained_elapsed"
                           r"|l1tex__data_bank_conflicts_pipe_lsu_mem_shared\w*\.sum"
                           r"|smsp__issue_active\.avg\.pct_of_peak_sustained_active"
                           r"|smsp__average_warps_issue_stalled_\w+_per_issue_active\.ratio)$")

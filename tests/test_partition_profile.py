@@ -76,7 +76,7 @@ def test_phases_cut_a_loop_at_its_waits_and_barriers(tmp_path):
 def test_units_report_ranks_the_shared_units(tmp_path):
     names = ["ID", "Kernel Name", "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active",
              "sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active",
-             "l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_elapsed",
+             "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum.pct_of_peak_sustained_elapsed",
              "smsp__issue_active.avg.pct_of_peak_sustained_active",
              "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio",
              "smsp__average_warps_issue_stalled_wait_per_issue_active.ratio", "dram__bytes.sum"]
@@ -92,6 +92,27 @@ def test_units_report_ranks_the_shared_units(tmp_path):
     # the busiest pipe first; metrics outside UNIT_METRICS (dram bytes) are left out
     assert lines[1].split() == ["41.50", "%", "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active"]
     assert lines[2].split()[0] == "12.25" and lines[3] == "shared memory:"
+    assert lines[4].split() == ["38.00", "%", names[4]]  # ncu names this one .sum, not .avg
     stalls = lines[lines.index("stalls, warps per issued instruction:") + 1:]
     assert [s.split()[0] for s in stalls] == ["2.50", "0.80"]
     assert not any("dram" in line for line in lines)
+
+
+def test_report_counts_shared_memory_wavefronts_a_warp_an_iteration(tmp_path):
+    """With the export's wavefront and execution columns, each loop gets its shared-memory traffic by opcode: the
+    wavefronts of its instructions over the executions of its backward branch (here 10 iterations)."""
+    header = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed",
+              "L1 Wavefronts Shared", "stall_long_sb"]
+    executed = {0x10: 12, 0x20: 40, 0x30: 10, 0x40: 10, 0x50: 10}  # the try-wait's retries run more often
+    waves = {0x30: 320, 0x40: 0}  # the HGMMA reads its operands from shared memory: 32 wavefronts an iteration
+    with open(tmp_path / "source.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["Kernel Name", "fused_kernel"])
+        w.writerow(header)
+        for off, text, n, long_sb, _ in PAGE:
+            w.writerow([f"{BASE + off:#x}", text, n, executed.get(off, 1), waves.get(off, 0), long_sb])
+    assert partition_profile.read_shared_wavefronts(tmp_path / "source.csv")[0x30] == (10.0, 320.0)
+    report = partition_profile.partition_report(tmp_path / "source.csv", min_insns=3)
+    assert "  shared-memory wavefronts a warp an iteration: 32 (HGMMA 32)" in report.splitlines()
+    _write_page(tmp_path / "plain.csv")  # no such columns: no such line
+    assert "wavefronts" not in partition_profile.partition_report(tmp_path / "plain.csv", min_insns=3)
