@@ -89,6 +89,20 @@ def tiny_build(tmp_path_factory) -> Build:
 
 
 @pytest.fixture(scope="session")
+def device_build(tmp_path_factory) -> tuple[Build, str]:
+    """specs/tiny.yaml built for the GPU's arch alone, and that arch: what the GPU tests run. The whole tiny build
+    also makes sm_103a cubins, whose SASS checks need the pinned nvdisasm of the build extras, which a GPU host
+    with the runtime wheel alone does not have."""
+    import torch
+
+    arch = {(9, 0): "sm_90a", (10, 0): "sm_100a"}.get(torch.cuda.get_device_capability(0))
+    if arch is None:
+        pytest.skip(f"no artifacts for compute capability {torch.cuda.get_device_capability(0)}")
+    out = tmp_path_factory.mktemp("device") / "artifacts"
+    return Build(out, build_spec(REPO / "specs" / "tiny.yaml", out, "--arch", arch.removesuffix("a"))), arch
+
+
+@pytest.fixture(scope="session")
 def project_wheel(tmp_path_factory) -> Path:
     """The pure gdn_aot wheel of this checkout (pip wheel --no-deps), built once per session."""
     out = tmp_path_factory.mktemp("wheel")

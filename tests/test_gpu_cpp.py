@@ -29,13 +29,13 @@ def _raw(x: torch.Tensor, path):
 
 @pytest.mark.parametrize("l2norm, with_h0, every_n", [(True, True, 0), (True, False, 0), (False, True, 0),
                                                       (False, False, 0), (True, True, 64), (True, False, 128)])
-def test_cpp_forward_matches_python_api(tiny_build, tmp_path, l2norm, with_h0, every_n):
+def test_cpp_forward_matches_python_api(device_build, tmp_path, l2norm, with_h0, every_n):
     import gdn_aot
 
-    arch = {(9, 0): "sm_90a", (10, 0): "sm_100a"}[torch.cuda.get_device_capability(0)]
-    tiny_build.require(arch, "gdn_prepare")
-    tiny_build.require(arch, "gdn_scan")
-    exe = compile_cpp_example(tiny_build, arch, tmp_path)
+    build, arch = device_build
+    build.require(arch, "gdn_prepare")
+    build.require(arch, "gdn_scan")
+    exe = compile_cpp_example(build, arch, tmp_path)
 
     lens, H, HV = [100, 1, 0, 300, 64], 2, 4
     rows, n = sum(lens), len(lens)
@@ -58,7 +58,7 @@ def test_cpp_forward_matches_python_api(tiny_build, tmp_path, l2norm, with_h0, e
 
     o_py, ht_py = gdn_aot.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True,
                                                  cu_seqlens=cu, use_qk_l2norm_in_kernel=l2norm,
-                                                 artifacts=str(tiny_build.out), **checkpoints)
+                                                 artifacts=str(build.out), **checkpoints)
     torch.cuda.synchronize()
     inputs, out = tmp_path / "in", tmp_path / "out"
     inputs.mkdir()
@@ -66,7 +66,7 @@ def test_cpp_forward_matches_python_api(tiny_build, tmp_path, l2norm, with_h0, e
     for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("h0", h0)):
         if x is not None:
             _raw(x, inputs / f"{name}.bin")
-    cmd = [str(exe), str(tiny_build.out / arch), "--lens", ",".join(map(str, lens)), "--heads", f"{H},{HV}",
+    cmd = [str(exe), str(build.out / arch), "--lens", ",".join(map(str, lens)), "--heads", f"{H},{HV}",
            "--inputs", str(inputs), "--out", str(out), "--checkpoint-every", str(every_n),
            *([] if l2norm else ["--no-l2norm"]), *([] if with_h0 else ["--no-h0"])]
     r = subprocess.run(cmd, capture_output=True, text=True)
