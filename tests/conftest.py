@@ -90,14 +90,13 @@ def tiny_build(tmp_path_factory) -> Build:
 
 @pytest.fixture(scope="session")
 def device_build(tmp_path_factory) -> tuple[Build, str]:
-    """specs/tiny.yaml built for the GPU's arch alone, and that arch: what the GPU tests run. The whole tiny build
-    also makes sm_103a cubins, whose SASS checks need the pinned nvdisasm of the build extras, which a GPU host
-    with the runtime wheel alone does not have."""
+    """specs/tiny.yaml built for the GPU's arch alone, and that arch: what the GPU tests that need a build run.
+    The whole tiny build also makes the other arches' cubins, and sm_103a's SASS checks need the pinned nvdisasm of
+    the build extras, which a GPU host with the runtime wheel alone does not have."""
     import torch
+    from gdn_aot.loader.artifacts import arch_for_capability
 
-    arch = {(9, 0): "sm_90a", (10, 0): "sm_100a"}.get(torch.cuda.get_device_capability(0))
-    if arch is None:
-        pytest.skip(f"no artifacts for compute capability {torch.cuda.get_device_capability(0)}")
+    arch = arch_for_capability(torch.cuda.get_device_capability(0))
     out = tmp_path_factory.mktemp("device") / "artifacts"
     return Build(out, build_spec(REPO / "specs" / "tiny.yaml", out, "--arch", arch.removesuffix("a"))), arch
 

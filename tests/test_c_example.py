@@ -14,7 +14,7 @@ import pytest
 
 from gdn_aot.build.toolchain import cc, cuda_include
 from gdn_aot.loader import Artifacts, Routes, dispatch
-from gdn_aot.loader.artifacts import LAUNCHER_ABI_VERSION, arch_for_capability
+from gdn_aot.loader.artifacts import LAUNCHER_ABI_VERSION
 
 from conftest import ARCHES, REPO
 
@@ -168,11 +168,9 @@ def test_cpp_example_errors_are_clear(tiny_build, tmp_path):
 
 
 @pytest.mark.gpu
-def test_c_example_runs_on_gpu(tiny_build, tmp_path):
-    import torch
-
-    arch = arch_for_capability(torch.cuda.get_device_capability(0))
-    exe = compile_example(tiny_build, arch, tmp_path)
-    r = subprocess.run([str(exe), str(tiny_build.out / arch)], capture_output=True, text=True)
+def test_c_example_runs_on_gpu(device_build, tmp_path):
+    build, arch = device_build
+    exe = compile_example(build, arch, tmp_path)
+    r = subprocess.run([str(exe), str(build.out / arch)], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "ok" in r.stdout

@@ -272,14 +272,15 @@ def test_loader_never_imports_triton(tiny_build, tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("l2norm", [True, False])
-def test_prepare_through_the_loader_on_gpu(tiny_build, l2norm):
+def test_prepare_through_the_loader_on_gpu(device_build, l2norm):
     """gdn_prepare launched directly (ABI 5 argument list, one program per chunk slot and key head): gam = the
     chunk-local cumsum of g, and per (token, value head) qg = gam + ln rq, kg = gam - ln rk, with rq, rk the inverse
     L2 norms 1 / sqrt(sum x^2 + 1e-6) of the q and k rows under PREPARE_L2NORM, else 1 (qg = kg = gam)."""
     import torch
 
-    tiny_build.require(arch_for_capability(torch.cuda.get_device_capability(0)), "gdn_prepare")
-    s = Artifacts.for_device(0, root=tiny_build.out)
+    build, arch = device_build
+    build.require(arch, "gdn_prepare")
+    s = Artifacts.for_device(0, root=build.out)
     kern = s.pick("gdn_prepare", dtype="bf16", K=128, V=128, varlen=True)
     lens, H, HV, K, V = [70, 1, 0, 130], 2, 4, 128, 128
     rows, n = sum(lens), len(lens)
