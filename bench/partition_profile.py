@@ -34,17 +34,23 @@ WAVEFRONTS, EXECUTED = "L1 Wavefronts Shared", "Instructions Executed"
 _TARGET = re.compile(r"\b(BRA(?:\.\w+)*\s+(?:!?UP\w+,\s*)?)0x([0-9a-f]+)")  # with sm_100a's uniform-predicate operand
 
 
-def read_source_page(path):
-    """(base address, [(offset, sass, samples, {reason: samples})]) from ncu's `--page source --csv --print-source
-    sass` export; offsets from the kernel's first instruction."""
+def _source_table(path):
+    """(header, instruction rows, base address) of ncu's `--page source --csv --print-source sass` export."""
     with open(path, newline="") as f:
         rows = list(csv.reader(f))
     at = next(i for i, r in enumerate(rows) if "Address" in r and SAMPLES in r)
-    header, body = rows[at], rows[at + 1:]
+    header = rows[at]
+    addr = header.index("Address")
+    body = [r for r in rows[at + 1:] if len(r) == len(header) and r[addr].startswith("0x")]
+    return header, body, int(body[0][addr], 16)
+
+
+def read_source_page(path):
+    """(base address, [(offset, sass, samples, {reason: samples})]) from the source page export; offsets from the
+    kernel's first instruction."""
+    header, body, base = _source_table(path)
     addr, src, total = header.index("Address"), header.index("Source"), header.index(SAMPLES)
     reasons = {h: i for i, h in enumerate(header) if h.startswith("stall_") and "Not Issued" not in h}
-    body = [r for r in body if len(r) > total and r[addr].startswith("0x")]
-    base = int(body[0][addr], 16)
     return base, [(int(r[addr], 16) - base, r[src].strip(), int(r[total] or 0),
                    {h[len("stall_"):]: int(r[i] or 0) for h, i in reasons.items()}) for r in body]
 
@@ -52,15 +58,10 @@ def read_source_page(path):
 def read_shared_wavefronts(path):
     """{offset: (warp-level executions, shared-memory wavefronts)} from the same export, or {} where it has no
     such columns (wgmma's operand reads from shared memory count as wavefronts too)."""
-    with open(path, newline="") as f:
-        rows = list(csv.reader(f))
-    at = next(i for i, r in enumerate(rows) if "Address" in r and SAMPLES in r)
-    header, body = rows[at], rows[at + 1:]
+    header, body, base = _source_table(path)
     if WAVEFRONTS not in header or EXECUTED not in header:
         return {}
     addr, waves, executed = header.index("Address"), header.index(WAVEFRONTS), header.index(EXECUTED)
-    body = [r for r in body if len(r) > max(waves, executed) and r[addr].startswith("0x")]
-    base = int(body[0][addr], 16)
     number = lambda x: float(x.replace(",", "") or 0)  # noqa: E731
     return {int(r[addr], 16) - base: (number(r[executed]), number(r[waves])) for r in body}
 
