@@ -58,9 +58,9 @@ from triton.language.core import _aggregate as aggregate
 from . import FUSED_HAS_H0 as _HAS_H0, FUSED_STORE_HT as _STORE_HT
 from .common import (Checkpoints, GateSource, load_state_tile, loop_variant, mbarriers, sequence_and_head,
                      sequence_bounds, state_io_layout, store_state_tile)
-from .fused_sm90 import (GATE_IN_KERNEL, HEAD_MAJOR, K_SCALE, LOAD_REGS, LOAD_WARPS, NORMS_WARPS, NUM_SLOTS, O_SCALE,
-                         V_SCALE, _load_partition, _norms_partition, chunk_decay, chunk_rings,
-                         head_tiles, publish_inverse, publish_key_norms, publish_row_scalings, state_slot)
+from .fused_sm90 import (GATE_IN_KERNEL, HEAD_MAJOR, K_SCALE, L2NORM, LOAD_REGS, LOAD_WARPS, NORMS_WARPS, NUM_SLOTS,
+                         O_SCALE, V_SCALE, _load_partition, _norms_partition, chunk_decay, chunk_rings, head_tiles,
+                         publish_inverse, publish_key_norms, publish_row_scalings, state_slot)
 from .inverse_sm100 import unit_lower_inverse
 
 HAS_H0 = gl.constexpr(_HAS_H0)
@@ -156,7 +156,7 @@ def _aux_partition(inputs, gates, terms, scratch, q_desc, seq_len, flags):
         tcgen05_commit(scratch.bar)
         gates.bars.wait_ready(c)
         mbarrier.wait(scratch.bar, phase)
-        publish_key_norms(gates, c, scratch.kk.load(reg_tt), flags)
+        publish_key_norms(gates, c, scratch.kk.load(reg_tt), (flags & L2NORM) != 0)
         gam_r = gates.gam.index(slot).load(rows)
         decay = chunk_decay(gates, c, gam_r, i >= j, seq_len - c * BT, cols)
         kk = scratch.kk.load(reg_tt)  # again: k k^T stays in TMEM, and its registers are free during the decay

@@ -636,19 +636,19 @@ def _unit_lower_inverse(d_blocks, l_tile, n_tile, w_tile, d_tile, zero):
 
 
 @gluon.jit
-def publish_key_norms(gates, c, kk, flags):
+def publish_key_norms(gates, c, kk, l2norm):
     """rk of chunk c into its gate slot: inverse_norm(|k_t|^2) of each k row t (fla's l2norm), read off the
-    diagonal of k k^T, which the tensor cores compute anyway (1 without the L2NORM flag bit, gdn_fused's and
-    gdn_prepare's alike): the diagonal of its diagonal blocks, a select over a thread's 8 entries of them instead of
-    its 32 of the tile. Every aux partition's (both arches, gdn_fused and the warp-specialised gdn_prepare); every
-    warp of it has stored its rows on return."""
+    diagonal of k k^T, which the tensor cores compute anyway (1 without l2norm, the caller's flag bit, which
+    gdn_fused and gdn_prepare name differently): the diagonal of its diagonal blocks, a select over a thread's 8
+    entries of them instead of its 32 of the tile. Every aux partition's (both arches, gdn_fused and the
+    warp-specialised gdn_prepare); every warp of it has stored its rows on return."""
     blocks = _diagonal_blocks(kk)
     NB: gl.constexpr = blocks.shape[0]
     layout: gl.constexpr = blocks.type.layout
     t, s = _in_block_indices(layout)
     diagonal = gl.sum(gl.where(t == s, blocks, 0.0), axis=2)
     rk = gates.rk.index(c % NUM_SLOTS)._reinterpret(gl.float32, [NB, BLOCK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-    if flags & L2NORM:
+    if l2norm:
         rk.store(inverse_norm(diagonal))
     else:
         rk.store(gl.full_like(diagonal, 1.0))
@@ -673,7 +673,7 @@ def _aux_partition(inputs, gates, terms, inverse, q_desc, seq_len, flags):
         kk = warpgroup_mma(k_s, k_s.permute((1, 0)), zero, use_acc=False, is_async=True)
         gates.bars.wait_ready(c)
         kk = warpgroup_mma_wait(0, deps=[kk])
-        publish_key_norms(gates, c, kk, flags)
+        publish_key_norms(gates, c, kk, (flags & L2NORM) != 0)
 
         # --- the row scalings, A and its two parts, then P: only the decay matrix is live beside one product
         inputs.bars.wait_empty(c)  # the terms slot: the state partition frees both at once

@@ -50,7 +50,7 @@ from triton.experimental.gluon.language.nvidia.blackwell import (TensorMemoryLay
 from .common import loop_variant, mbarriers
 from .fused_sm90 import NUM_SLOTS, chunk_decay, publish_key_norms
 from .inverse_sm100 import unit_lower_inverse
-from .prepare_sm90_ws import (LOAD_WARPS, _load_partition, batch_descs, item_outputs, item_rings, item_rows,
+from .prepare_sm90_ws import (L2NORM, LOAD_WARPS, _load_partition, batch_descs, item_outputs, item_rings, item_rows,
                               program_items)
 
 AUX_REGS = gl.constexpr(224)
@@ -82,7 +82,7 @@ def _aux_partition(items, inputs, gates, bounds, terms, kk_tmem, a_smem, bt_smem
         tcgen05_commit(inputs.bars.empty.index(slot))
         gates.bars.wait_ready(c)
         mbarrier.wait(bar, phase)
-        publish_key_norms(gates, c, kk_tmem.load(reg_tt), flags)
+        publish_key_norms(gates, c, kk_tmem.load(reg_tt), (flags & L2NORM) != 0)
 
         # --- A = beta_t rk_t rk_s (k k^T)_ts e^(gam_t - gam_s), s < t; k k^T read again from TMEM (its registers
         # are free while the decay is built)

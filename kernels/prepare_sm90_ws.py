@@ -287,7 +287,7 @@ def _aux_partition(items, inputs, gates, bounds, terms, inverse, flags):
         gates.bars.wait_ready(c)
         kk = warpgroup_mma_wait(0, deps=[kk])
         inputs.bars.release(c)
-        publish_key_norms(gates, c, kk, flags)
+        publish_key_norms(gates, c, kk, (flags & L2NORM) != 0)
         gam_r = gates.gam.index(slot).load(rows)
         rk_r = gates.rk.index(slot).load(rows)
         a_rows = gates.beta.index(slot).load(rows) * rk_r
