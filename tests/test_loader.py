@@ -275,7 +275,8 @@ def test_loader_never_imports_triton(tiny_build, tmp_path):
 def test_prepare_through_the_loader_on_gpu(device_build, l2norm):
     """gdn_prepare launched directly (ABI 5 argument list, one program per chunk slot and key head): gam = the
     chunk-local cumsum of g, and per (token, value head) qg = gam + ln rq, kg = gam - ln rk, with rq, rk the inverse
-    L2 norms 1 / sqrt(sum x^2 + 1e-6) of the q and k rows under PREPARE_L2NORM, else 1 (qg = kg = gam)."""
+    L2 norms 1 / sqrt(sum x^2 + 1e-6) of the q and k rows under PREPARE_L2NORM, else 1 (qg = kg = gam); the three
+    are stored head-major, [HV, rows]."""
     import torch
 
     build, arch = device_build
@@ -293,7 +294,7 @@ def test_prepare_through_the_loader_on_gpu(device_build, l2norm):
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
     w = torch.empty(rows, HV, K, device="cuda", dtype=torch.bfloat16)
     u = torch.empty(rows, HV, V, device="cuda", dtype=torch.bfloat16)
-    gam, qg, kg = (torch.full((rows, HV), float("nan"), device="cuda") for _ in range(3))
+    gam, qg, kg = (torch.full((HV, rows), float("nan"), device="cuda") for _ in range(3))
     grid = (rows // 64 + n, H, 1)
     scratch = torch.empty(max(kern.scratch_bytes(grid), 1), device="cuda", dtype=torch.uint8)
     kern.launch(grid, torch.cuda.current_stream().cuda_stream, q.data_ptr(), k.data_ptr(), v.data_ptr(),
@@ -307,10 +308,11 @@ def test_prepare_through_the_loader_on_gpu(device_build, l2norm):
     for s0, s1 in zip(bounds[:-1], bounds[1:]):
         for c in range(s0, s1, 64):
             ref_gam[c:min(c + 64, s1)] = g[c:min(c + 64, s1)].cumsum(0)
-    torch.testing.assert_close(gam, ref_gam, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(gam.t(), ref_gam, atol=1e-4, rtol=1e-4)
     for x, got, sign in ((q, qg, 1), (k, kg, -1)):
         ln_r = -0.5 * torch.log(x.float().square().sum(-1) + 1e-6) if l2norm else torch.zeros(rows, H, device="cuda")
-        torch.testing.assert_close(got, ref_gam + sign * ln_r.repeat_interleave(HV // H, dim=1), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(got.t(), ref_gam + sign * ln_r.repeat_interleave(HV // H, dim=1), atol=1e-4,
+                                   rtol=1e-4)
     assert torch.isfinite(w.float()).all() and torch.isfinite(u.float()).all()
 
 
