@@ -19,6 +19,11 @@ samples (docs/performance.md groups them into named steps).
 record also exports the launch's metrics (DIR/raw.csv), and units prints from them what the partitions share: the
 utilisation of each pipe (the tensor cores' wgmma pipe among them), of shared memory and of the issue slots, and the
 stall reasons per issued instruction, the busiest first.
+static needs no GPU: from a sm_90a cubin's SASS (a build's, e.g. `gdn-aot build specs/tiny.yaml --arch sm_90`) it
+estimates each loop's shared-memory wavefronts a warp an iteration, by opcode family, from the cost of each access
+that ncu measured on gdn_fused (shared_wavefronts): on that kernel it gives ncu's counts to within 2 wavefronts a
+loop (aux 402 for 404, state 225 for 225), so a change's shared-memory traffic can be read before it runs:
+    python3 bench/partition_profile.py static OUT/sm_90a/cubins/<sha>.cubin
 """
 import argparse
 import csv
@@ -32,6 +37,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SAMPLES = "Warp Stall Sampling (All Samples)"
 WAVEFRONTS, EXECUTED = "L1 Wavefronts Shared", "Instructions Executed"
 _TARGET = re.compile(r"\b(BRA(?:\.\w+)*\s+(?:!?UP\w+,\s*)?)0x([0-9a-f]+)")  # with sm_100a's uniform-predicate operand
+# an nvdisasm line's offset, opcode and operands
+_INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Za-z0-9_.]*)\s*([^;]*);")
 
 
 def _source_table(path):
@@ -183,6 +190,42 @@ def units_report(path, top=40):
     return "\n".join(lines)
 
 
+def shared_wavefronts(opcode, operands):
+    """The shared-memory wavefronts of one warp-level execution, as ncu counted them on gdn_fused (H100): a load or
+    store moves 128 bytes a wavefront whatever its addresses (a 64-bit one goes by half-warps, a 128-bit one by
+    quarter-warps; ldmatrix / stmatrix one wavefront a matrix), and a wgmma step reads its B tile (N / 16) and, with
+    A in shared memory (a descriptor, not registers), A's 4 more."""
+    mma = re.match(r"HGMMA\.64x(\d+)x16\b", opcode)
+    if mma:
+        return int(mma.group(1)) // 16 + (4 if operands.split(",")[1].strip().startswith("gdesc") else 0)
+    family, *mods = opcode.split(".")
+    if family in ("LDS", "STS"):
+        return {"64": 2, "128": 4}.get(mods[-1] if mods else "", 1)
+    if family in ("LDSM", "STSM"):
+        return int(mods[-1]) if mods and mods[-1].isdigit() else 1
+    return 0
+
+
+def static_report(sass_text, min_insns=100):
+    """Each outer loop of at least min_insns instructions of the SASS, with its estimated shared-memory wavefronts
+    a warp an iteration (shared_wavefronts), in all and by opcode family."""
+    from gdn_aot.build.sass import loop_ranges
+
+    insns = [(int(m.group(1), 16), m.group(2), m.group(3)) for m in _INSN.finditer(sass_text)]
+    lines = []
+    for a, b in outer_loops(loop_ranges(sass_text)):
+        body = [(op, operands) for off, op, operands in insns if a <= off <= b]
+        if len(body) < min_insns:
+            continue
+        by_family = Counter()
+        for op, operands in body:
+            by_family[op.split(".")[0]] += shared_wavefronts(op, operands)
+        shown = ", ".join(f"{k} {v}" for k, v in by_family.most_common() if v)
+        lines.append(f"loop {a:#x}-{b:#x}: {len(body)} instructions, shared-memory wavefronts a warp an iteration "
+                     f"{sum(by_family.values())} ({shown})")
+    return "\n".join(lines)
+
+
 def record(case, out):
     """Profile one launch of the checkout's gdn_fused on `case` (a fused_ablate.py case) into out/source.csv and
     out/raw.csv."""
@@ -232,6 +275,9 @@ def main(argv=None):
     p.add_argument("--phases", action="store_true", help="each loop also cut at its barriers, waits and fences")
     u = sub.add_parser("units", help="pipe, shared-memory and issue utilisation and stall reasons from raw.csv")
     u.add_argument("csv")
+    st = sub.add_parser("static", help="shared-memory wavefronts per loop estimated from a sm_90a cubin (no GPU)")
+    st.add_argument("cubin")
+    st.add_argument("--min-insns", type=int, default=100, help="smaller loops (mbarrier retries) are left out")
     args = ap.parse_args(argv)
     if args.step == "record":
         record(args.case, args.out)
@@ -239,6 +285,10 @@ def main(argv=None):
         launch(args.case)
     elif args.step == "units":
         print(units_report(args.csv))
+    elif args.step == "static":
+        from pathlib import Path
+        from gdn_aot.build.sass import disassemble
+        print(static_report(disassemble(Path(args.cubin), "sm_90a"), args.min_insns))
     else:
         print(partition_report(args.csv, args.min_insns, args.top, args.phases))
 

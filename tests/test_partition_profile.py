@@ -116,3 +116,24 @@ def test_report_counts_shared_memory_wavefronts_a_warp_an_iteration(tmp_path):
     assert "  shared-memory wavefronts a warp an iteration: 32 (HGMMA 32)" in report.splitlines()
     _write_page(tmp_path / "plain.csv")  # no such columns: no such line
     assert "wavefronts" not in partition_profile.partition_report(tmp_path / "plain.csv", min_insns=3)
+
+
+def test_static_report_estimates_shared_memory_wavefronts_from_sass():
+    """static: each load, store, ldmatrix / stmatrix and wgmma step of a loop costs the wavefronts ncu counted a
+    warp-level execution (128 bytes each; wgmma its B tile's N / 16 and 4 more with A in shared memory)."""
+    sass = "\n".join(f"        /*{off:04x}*/ {text} ;" for off, text in [
+        (0x00, "MOV R1, R2"),
+        (0x10, "LDS R4, [R2+0x100]"),
+        (0x20, "LDS.64 R4, [R2+0x100]"),
+        (0x30, "LDS.128 R4, [R2+0x100]"),
+        (0x40, "STSM.16.M88.4 [R3+0x200], R8"),
+        (0x50, "LDSM.16.MT88.4 R8, [R3+0x200]"),
+        (0x60, "HGMMA.64x64x16.F32.BF16 R24, gdesc[UR44], RZ, !UPT"),  # A and B in shared memory: 4 + 4
+        (0x70, "HGMMA.64x128x16.F32.BF16 R88, R144, gdesc[UR12], R88, gsb0"),  # A in registers: 8
+        (0x80, "@P1 BRA 0x10"),
+        (0x90, "EXIT"),
+    ])
+    report = partition_profile.static_report(sass, min_insns=3)
+    assert report == ("loop 0x10-0x80: 8 instructions, shared-memory wavefronts a warp an iteration 31 "
+                      "(HGMMA 16, LDS 7, STSM 4, LDSM 4)")
+    assert partition_profile.static_report(sass, min_insns=10) == ""
