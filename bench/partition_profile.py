@@ -20,7 +20,7 @@ record also exports the launch's metrics (DIR/raw.csv), and units prints from th
 utilisation of each pipe (the tensor cores' wgmma pipe among them), of shared memory and of the issue slots, and the
 stall reasons per issued instruction, the busiest first.
 static needs no GPU: from a sm_90a cubin's SASS (a build's, e.g. `gdn-aot build specs/tiny.yaml --arch sm_90`) it
-estimates each loop's shared-memory wavefronts a warp an iteration, by opcode family, from the cost of each access
+estimates each loop's shared-memory wavefronts a warp an iteration, by opcode, from the cost of each access
 that ncu measured on gdn_fused (shared_wavefronts): on that kernel it gives ncu's counts to within 2 wavefronts a
 loop (aux 402 for 404, state 225 for 225), so a change's shared-memory traffic can be read before it runs:
     python3 bench/partition_profile.py static OUT/sm_90a/cubins/<sha>.cubin
@@ -37,8 +37,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SAMPLES = "Warp Stall Sampling (All Samples)"
 WAVEFRONTS, EXECUTED = "L1 Wavefronts Shared", "Instructions Executed"
 _TARGET = re.compile(r"\b(BRA(?:\.\w+)*\s+(?:!?UP\w+,\s*)?)0x([0-9a-f]+)")  # with sm_100a's uniform-predicate operand
-# an nvdisasm line's offset, opcode and operands
-_INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Za-z0-9_.]*)\s*([^;]*);")
 
 
 def _source_table(path):
@@ -190,39 +188,40 @@ def units_report(path, top=40):
     return "\n".join(lines)
 
 
-def shared_wavefronts(opcode, operands):
+def shared_wavefronts(opcode, modifiers, operands):
     """The shared-memory wavefronts of one warp-level execution, as ncu counted them on gdn_fused (H100): a load or
     store moves 128 bytes a wavefront whatever its addresses (a 64-bit one goes by half-warps, a 128-bit one by
     quarter-warps; ldmatrix / stmatrix one wavefront a matrix), and a wgmma step reads its B tile (N / 16) and, with
     A in shared memory (a descriptor, not registers), A's 4 more."""
-    mma = re.match(r"HGMMA\.64x(\d+)x16\b", opcode)
-    if mma:
-        return int(mma.group(1)) // 16 + (4 if operands.split(",")[1].strip().startswith("gdesc") else 0)
-    family, *mods = opcode.split(".")
-    if family in ("LDS", "STS"):
+    mods = modifiers.split(".")[1:]
+    if opcode == "HGMMA":
+        mma = re.fullmatch(r"64x(\d+)x16", mods[0]) if mods else None
+        if mma:
+            return int(mma.group(1)) // 16 + (4 if operands.split(",")[1].strip().startswith("gdesc") else 0)
+    if opcode in ("LDS", "STS"):
         return {"64": 2, "128": 4}.get(mods[-1] if mods else "", 1)
-    if family in ("LDSM", "STSM"):
+    if opcode in ("LDSM", "STSM"):
         return int(mods[-1]) if mods and mods[-1].isdigit() else 1
     return 0
 
 
 def static_report(sass_text, min_insns=100):
     """Each outer loop of at least min_insns instructions of the SASS, with its estimated shared-memory wavefronts
-    a warp an iteration (shared_wavefronts), in all and by opcode family."""
-    from gdn_aot.build.sass import loop_ranges
+    a warp an iteration (shared_wavefronts), in all and by opcode."""
+    from gdn_aot.build.sass import instruction_fields, loop_ranges
 
-    insns = [(int(m.group(1), 16), m.group(2), m.group(3)) for m in _INSN.finditer(sass_text)]
+    insns = instruction_fields(sass_text)
     lines = []
     for a, b in outer_loops(loop_ranges(sass_text)):
-        body = [(op, operands) for off, op, operands in insns if a <= off <= b]
+        body = [fields for at, *fields in insns if a <= at <= b]
         if len(body) < min_insns:
             continue
-        by_family = Counter()
-        for op, operands in body:
-            by_family[op.split(".")[0]] += shared_wavefronts(op, operands)
-        shown = ", ".join(f"{k} {v}" for k, v in by_family.most_common() if v)
+        by_opcode = Counter()
+        for op, modifiers, operands in body:
+            by_opcode[op] += shared_wavefronts(op, modifiers, operands)
+        shown = ", ".join(f"{k} {v}" for k, v in by_opcode.most_common() if v)
         lines.append(f"loop {a:#x}-{b:#x}: {len(body)} instructions, shared-memory wavefronts a warp an iteration "
-                     f"{sum(by_family.values())} ({shown})")
+                     f"{sum(by_opcode.values())} ({shown})")
     return "\n".join(lines)
 
 

@@ -20,7 +20,8 @@ from .toolchain import nvdisasm, nvidia_bin, ptxas_for
 
 FAMILIES = ("HGMMA", "UTMALDG", "UTMASTG", "LDGSTS", "SYNCS", "WARPGROUP", "UTCHMMA", "UTCQMMA", "LDTM", "STTM",
             "UTCBAR", "HMMA", "FFMA", "LDL", "STL")
-_INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)(\.[\w.]*)?")
+# an instruction's address, opcode, modifiers (".64x64x16.F32.BF16") and operands (the rest of the line up to ';')
+_INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)(\.[\w.]*)?([^;\n]*)")
 
 
 def disassemble(cubin: Path, arch: str) -> str:
@@ -33,6 +34,11 @@ def disassemble(cubin: Path, arch: str) -> str:
 def instructions(sass_text: str) -> list[tuple[int, str]]:
     """(address, opcode without modifiers) of every instruction, in order."""
     return [(int(m.group(1), 16), m.group(2)) for m in _INSN.finditer(sass_text)]
+
+
+def instruction_fields(sass_text: str) -> list[tuple[int, str, str, str]]:
+    """(address, opcode, modifiers with their dots or '', operands) of every instruction, in order."""
+    return [(int(m.group(1), 16), m.group(2), m.group(3) or "", m.group(4).strip()) for m in _INSN.finditer(sass_text)]
 
 
 def opcode_counts(sass_text: str) -> Counter:
