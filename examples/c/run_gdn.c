@@ -4,9 +4,9 @@
  * '#' header), loads its cubin with gdn_aot_kernel_load, launches it through gdn_aot_launch_gdn_prepare on a
  * packed batch of 3 sequences (70, 1 and 130 tokens) with flags = GDN_AOT_PREPARE_L2NORM, and checks three of its
  * outputs on the host, per token and value head (stored head-major, [HV, rows] fp32): gam (the cumulative sum of
- * g inside each 64-token chunk of each sequence), qg = gam + ln rq and kg = gam - ln rk, where rq, rk = 1 / sqrt(sum x^2 + 1e-6) are the inverse L2
- * norms of the q and k rows. The driver is reached only through the launcher (gdn_aot_driver()), which dlopens
- * libcuda.so.1. examples/cpp/ runs a whole forward.
+ * g inside each 64-token chunk of each sequence), qg = gam + ln rq and kg = gam - ln rk, where rq, rk =
+ * 1 / sqrt(sum x^2 + 1e-6) are the inverse L2 norms of the q and k rows. The driver is reached only through the
+ * launcher (gdn_aot_driver()), which dlopens libcuda.so.1. examples/cpp/ runs a whole forward.
  *
  * Build (cuda.h ships in the triton wheel: triton/backends/nvidia/include):
  *   L=artifacts/sm_90a/launcher
@@ -202,6 +202,9 @@ static int launch_and_download(const gdn_aot_driver_t *d, const gdn_aot_kernel_t
     return 0;
 }
 
+/* where token t of value head h is in gam, qg, kg and ref: the row data is head-major, [HV, rows] */
+static size_t row_data_at(const batch_t *b, int h, int t) { return (size_t)h * b->rows + t; }
+
 /* gam on the host (chunks restart at every sequence start) into ref; returns the worst relative error of gam */
 static double check_gam(const batch_t *b, double *ref) {
     double worst = 0;
@@ -211,8 +214,8 @@ static double check_gam(const batch_t *b, double *ref) {
             for (int t = b->cu[s]; t < b->cu[s + 1]; t++) {
                 if ((t - b->cu[s]) % 64 == 0) acc = 0;
                 acc += b->hg[(size_t)t * HV + h];
-                ref[(size_t)h * b->rows + t] = acc;
-                double e = fabs(b->gam[(size_t)h * b->rows + t] - acc) / (1.0 + fabs(acc));
+                ref[row_data_at(b, h, t)] = acc;
+                double e = fabs(b->gam[row_data_at(b, h, t)] - acc) / (1.0 + fabs(acc));
                 if (e > worst || isnan(e)) worst = e;
             }
         }
@@ -230,9 +233,9 @@ static double check_qk(const batch_t *b, const double *ref_gam) {
                 const uint16_t *x = src[which] + ((size_t)t * H + h / (HV / H)) * KD;
                 double ss = 0;
                 for (int c = 0; c < KD; c++) ss += (double)from_bf16(x[c]) * from_bf16(x[c]);
-                double ln_r = -0.5 * log(ss + 1e-6), base = ref_gam[(size_t)h * b->rows + t];
+                double ln_r = -0.5 * log(ss + 1e-6), base = ref_gam[row_data_at(b, h, t)];
                 double want = which == 0 ? base + ln_r : base - ln_r;
-                double e = fabs(got[which][(size_t)h * b->rows + t] - want) / (1.0 + fabs(want));
+                double e = fabs(got[which][row_data_at(b, h, t)] - want) / (1.0 + fabs(want));
                 if (e > worst || isnan(e)) worst = e;
             }
         }
