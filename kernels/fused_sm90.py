@@ -501,13 +501,34 @@ def _in_block_indices(layout: gl.constexpr):
     return gl.expand_dims(gl.expand_dims(rows, 0), 2), gl.expand_dims(gl.expand_dims(cols, 0), 1)
 
 
+@gluon.constexpr_function
+def _rows_hold_every_column(layout):
+    """Whether a thread holding an entry of a [BT, BT] tile in `layout` holds its whole row (the sm_90a wgmma
+    accumulator; sm_100a's tensor-memory loads of a 64-row tile split a row's columns between warps)."""
+    return isinstance(layout, gl.NVMMADistributedLayout)
+
+
 @gluon.jit
 def _diagonal_blocks(x):
-    """The diagonal [BLOCK, BLOCK] blocks of a [BT, BT] x (the wgmma accumulator layout), [BT / BLOCK, BLOCK,
-    BLOCK]: a thread's rows hold every column block, so picking the diagonal one is a sum in registers."""
+    """The diagonal [BLOCK, BLOCK] blocks of a [BT, BT] x, [BT / BLOCK, BLOCK, BLOCK]. In the wgmma accumulator
+    layout a thread's rows (one block row, its warp's) hold every column block in registers, so picking the
+    diagonal one is three selects an entry on the block row; as a masked sum over the column blocks (four selects
+    and three adds an entry, what other layouts take) the sm_90a gdn_fused aux loop had 53 instructions more and the
+    kernel was 1 % slower."""
     NB: gl.constexpr = x.shape[0] // BLOCK
-    x4 = gl.reshape(x, [NB, BLOCK, NB, BLOCK])
-    return gl.sum(gl.where(_same_block(x4), x4, 0.0), axis=2)
+    if _rows_hold_every_column(x.type.layout):
+        gl.static_assert(NB == 4, "four column blocks: two register bits of the column index")
+        # column block 2 a + b as two size-2 dimensions, moved last, so that split takes them apart in registers
+        x5 = gl.permute(gl.reshape(x, [NB, BLOCK, 2, 2, BLOCK]), [0, 1, 4, 2, 3])
+        b0, b1 = gl.split(x5)
+        x0, x2 = gl.split(b0)
+        x1, x3 = gl.split(b1)
+        block_row = gl.arange(0, NB, gl.SliceLayout(1, gl.SliceLayout(2, x0.type.layout)))
+        block_row = gl.expand_dims(gl.expand_dims(block_row, 1), 2)
+        return gl.where(block_row == 0, x0, gl.where(block_row == 1, x1, gl.where(block_row == 2, x2, x3)))
+    else:
+        x4 = gl.reshape(x, [NB, BLOCK, NB, BLOCK])
+        return gl.sum(gl.where(_same_block(x4), x4, 0.0), axis=2)
 
 
 @gluon.jit
