@@ -503,9 +503,10 @@ def _in_block_indices(layout: gl.constexpr):
 
 @gluon.constexpr_function
 def _rows_hold_every_column(layout):
-    """Whether a thread holding an entry of a [BT, BT] tile in `layout` holds its whole row (the sm_90a wgmma
-    accumulator; sm_100a's tensor-memory loads of a 64-row tile split a row's columns between warps)."""
-    return isinstance(layout, gl.NVMMADistributedLayout)
+    """Whether a thread holding an entry of a [BT, BT] tile in `layout` holds its whole row: the sm_90a wgmma
+    accumulator with every warp along the rows (sm_100a's tensor-memory loads of a 64-row tile split a row's columns
+    between warps)."""
+    return isinstance(layout, gl.NVMMADistributedLayout) and layout.warps_per_cta[1] == 1
 
 
 @gluon.jit
