@@ -31,14 +31,14 @@ def disassemble(cubin: Path, arch: str) -> str:
     return r.stdout
 
 
-def instructions(sass_text: str) -> list[tuple[int, str]]:
-    """(address, opcode without modifiers) of every instruction, in order."""
-    return [(int(m.group(1), 16), m.group(2)) for m in _INSN.finditer(sass_text)]
-
-
 def instruction_fields(sass_text: str) -> list[tuple[int, str, str, str]]:
     """(address, opcode, modifiers with their dots or '', operands) of every instruction, in order."""
     return [(int(m.group(1), 16), m.group(2), m.group(3) or "", m.group(4).strip()) for m in _INSN.finditer(sass_text)]
+
+
+def instructions(sass_text: str) -> list[tuple[int, str]]:
+    """(address, opcode without modifiers) of every instruction, in order."""
+    return [(at, op) for at, op, _, _ in instruction_fields(sass_text)]
 
 
 def opcode_counts(sass_text: str) -> Counter:
