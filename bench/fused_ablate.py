@@ -11,6 +11,10 @@ Variants (textual edits of a temporary copy of kernels/fused_sm90.py, never of t
   no_inverse  the aux partition skips (I + A)^-1 (Tc = the decayed k k^T): the inverse's share of the aux role
   unsynced    neither the aux nor the state partition waits for the other on the terms ring (wrong answer):
               what the hand-over between them costs, with all their work still done
+  state_chain aux_stub with the state partition reduced to the recurrence's chain, S k^T -> v_new -> update (no
+              S q^T, no output): what a program whose aux terms and outputs were computed elsewhere would take
+--rows 64 holds the state in one warpgroup of 64 value rows (V = 64, STATE_WARPS = 4) in every variant: what one
+64-row V tile of the same arithmetic takes (run the HV = 64 cases for the program count of two tiles a head).
 --variants A.py,B.py adds whole replacements of kernels/fused_sm90.py (named by their file stems), for A/B tests of
 a change before it is made in the checkout; --only fused,A times a subset.
 --check first compares the kernel (and each --variants file) with the float64 token recurrence (small cases) and
@@ -35,7 +39,11 @@ from timing import timed_alternating  # noqa: E402  (bench/, the script's own fo
 K = V = 128
 CASES = {"1x8192": ([8192], 32), "4x2048": ([2048] * 4, 32), "1x65536": ([65536], 32),
          "32x8192": ([8192] * 32, 32), "hv64-8x8192": ([8192] * 8, 64), "mixed": ([1000, 37, 4096, 511, 2900], 32),
-         "64seqs": ([round(100 + 2900 * ((29 * i) % 64) / 63) for i in range(64)], 32)}
+         "64seqs": ([round(100 + 2900 * ((29 * i) % 64) / 63) for i in range(64)], 32),
+         # the shapes of a sequence split of 1 x 65536 (docs/design.md, "Sequence split"), and HV = 64 singles
+         "2x32768": ([32768] * 2, 32), "3x21845": ([21846, 21845, 21845], 32), "2x21846": ([21846, 21845], 32),
+         "4x16384": ([16384] * 4, 32), "5x16384": ([16384] * 5, 32), "3x16384": ([16384] * 3, 32),
+         "1x8192@64": ([8192], 64), "1x65536@64": ([65536], 64)}
 
 
 def _cut(src, start, end, new):
@@ -57,7 +65,23 @@ VARIANTS = {
     "no_inverse": lambda s: _cut(s, "        tc = inverse.invert(", "        publish_inverse(", "        tc = kk * decay\n"),
     "unsynced": lambda s: _cut(_cut(s, "        terms.bars.wait_ready(c)\n        kh, qh", "        kh, qh", ""),
                                "        inputs.bars.wait_empty(c)  # the terms slot", "        gam_r", ""),
+    "state_chain": lambda s: _state_chain(VARIANTS["aux_stub"](s)),
 }
+
+
+def _state_chain(s):
+    """The state partition without S q^T and the output: kh, v_new and the update, then the chunk's releases."""
+    s = _cut(s, "        qh = warpgroup_mma(", "        terms.bars.wait_ready(c)\n", "")
+    s = s.replace("        kh, qh = warpgroup_mma_wait(0, deps=[kh, qh])", "        kh = warpgroup_mma_wait(0, deps=[kh])")
+    s = _cut(s, "        o = qh * ", "        v_scale = ", "")
+    return _cut(s, "        o = warpgroup_mma(", "        checkpoints.store_after(",
+                "        state = warpgroup_mma_wait(0, deps=[state])\n        terms.rq_bars.wait_ready(c)\n"
+                "        inputs.bars.release(c)\n")
+
+
+def _rows(edit, rows):
+    """edit, then the state in rows / 64 warpgroups (the kernel takes V from its launch)."""
+    return lambda s: edit(s).replace("STATE_WARPS = gl.constexpr(8)", f"STATE_WARPS = gl.constexpr({rows // 16})")
 
 
 def _replacement(path):
@@ -126,7 +150,10 @@ def main():
     ap.add_argument("--variants", default="", help="comma-separated replacement files for kernels/fused_sm90.py")
     ap.add_argument("--only", help="comma-separated names of the variants to time (default: all)")
     ap.add_argument("--reps", type=int, default=40, help="timed launches of each variant a case")
+    ap.add_argument("--rows", type=int, choices=(64, 128), default=128, help="value rows of a program's state")
     args = ap.parse_args()
+    global V
+    V = args.rows
     import triton
 
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
@@ -134,6 +161,7 @@ def main():
     variants = dict(VARIANTS, **{name: _replacement(f) for name, f in files.items()})
     if args.only:
         variants = {name: variants[name] for name in args.only.split(",")}
+    variants = {name: _rows(edit, args.rows) for name, edit in variants.items()}
     kernels = {name: load(name, edit) for name, edit in variants.items()}
     if args.check:  # the kernels that compute the answer (the stubs do not)
         for name in [n for n in kernels if n == "fused" or n in files]:

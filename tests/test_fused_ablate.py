@@ -56,6 +56,23 @@ def test_stubs_remove_their_partition_s_products():
     assert "warpgroup_mma(" not in state and "inputs.bars.release(c)" in state
 
 
+def test_state_chain_keeps_only_the_recurrence():
+    edited = fused_ablate.VARIANTS["state_chain"](KERNEL)
+    assert "warpgroup_mma(" not in _function(edited, "_aux_partition")
+    state = _function(edited, "_state_partition")
+    # S k^T, v_new and the update stay; S q^T, the output product and o's staging and store go
+    assert state.count("warpgroup_mma(") == 3 and "qh" not in state
+    assert "o_stage.store(" not in state and "tma.async_copy_shared_to_global" not in state
+    assert "inputs.bars.release(c)" in state and "terms.rq_bars.wait_ready(c)" in state
+
+
+def test_rows_puts_the_state_in_one_warpgroup():
+    assert "STATE_WARPS = gl.constexpr(8)" in KERNEL
+    edited = fused_ablate._rows(fused_ablate.VARIANTS["fused"], 64)(KERNEL)
+    assert edited == KERNEL.replace("STATE_WARPS = gl.constexpr(8)", "STATE_WARPS = gl.constexpr(4)")
+    assert fused_ablate._rows(fused_ablate.VARIANTS["fused"], 128)(KERNEL) == KERNEL
+
+
 class _Clock:
     """Stand-in for torch.cuda: Event.record() reads a clock that each timed call advances by its own cost."""
 
