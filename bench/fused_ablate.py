@@ -14,7 +14,8 @@ Variants (textual edits of a temporary copy of kernels/fused_sm90.py, never of t
   state_chain aux_stub with the state partition reduced to the recurrence's chain, S k^T -> v_new -> update (no
               S q^T, no output): what a program whose aux terms and outputs were computed elsewhere would take
 --rows 64 holds the state in one warpgroup of 64 value rows (V = 64, STATE_WARPS = 4) in every variant: what one
-64-row V tile of the same arithmetic takes (run the HV = 64 cases for the program count of two tiles a head).
+64-row V tile of the same arithmetic takes (run the HV = 64 cases for the program count of two tiles a head);
+--check-rows only compares the kernel with its 64-row build on each half of V, bit for bit.
 --variants A.py,B.py adds whole replacements of kernels/fused_sm90.py (named by their file stems), for A/B tests of
 a change before it is made in the checkout; --only fused,A times a subset.
 --check first compares the kernel (and each --variants file) with the float64 token recurrence (small cases) and
@@ -72,7 +73,8 @@ VARIANTS = {
 def _state_chain(s):
     """The state partition without S q^T and the output: kh, v_new and the update, then the chunk's releases."""
     s = _cut(s, "        qh = warpgroup_mma(", "        terms.bars.wait_ready(c)\n", "")
-    s = s.replace("        kh, qh = warpgroup_mma_wait(0, deps=[kh, qh])", "        kh = warpgroup_mma_wait(0, deps=[kh])")
+    s = s.replace("        kh, qh = warpgroup_mma_wait(0, deps=[kh, qh])",
+                  "        kh = warpgroup_mma_wait(0, deps=[kh])")
     s = _cut(s, "        o = qh * ", "        v_scale = ", "")
     return _cut(s, "        o = warpgroup_mma(", "        checkpoints.store_after(",
                 "        state = warpgroup_mma_wait(0, deps=[state])\n        terms.rq_bars.wait_ready(c)\n"
@@ -143,6 +145,25 @@ def check(kernel):
         print(f"  {str(lens):28s} o {rel_max_err(o[0].float().cpu(), ro):.2e}  ht {rel_max_err(ht.cpu(), rh):.2e}")
 
 
+def check_rows():
+    """gdn_fused against its 64-row build (_rows) on each half of V: bitwise equal outputs and final states are what
+    a route of 64-row programs reproducing gdn_fused's bits relies on (docs/design.md, "Batch invariance")."""
+    global V
+    full, half = load("rows128", VARIANTS["fused"]), load("rows64", _rows(VARIANTS["fused"], 64))
+    for lens in ([8192], [1000, 37, 4096, 511, 2900], [63, 65, 1, 0, 200]):
+        V = 128
+        q, k, v, g, beta, cu, h0 = inputs(lens)
+        o, ht = torch.empty_like(v), torch.empty_like(h0)
+        launch(full, q, k, v, g, beta, cu, h0, o, ht)
+        V = 64
+        for part in (slice(0, 64), slice(64, 128)):
+            v_part, h0_part = v[..., part].contiguous(), h0[..., part].contiguous()
+            o_part, ht_part = torch.empty_like(v_part), torch.empty_like(h0_part)
+            launch(half, q, k, v_part, g, beta, cu, h0_part, o_part, ht_part)
+            print(f"  {str(lens):28s} V {part.start}-{part.stop - 1}: o bitwise {torch.equal(o_part, o[..., part])}, "
+                  f"ht bitwise {torch.equal(ht_part, ht[..., part])}", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--check", action="store_true", help="compare the kernel with the references first")
@@ -151,12 +172,15 @@ def main():
     ap.add_argument("--only", help="comma-separated names of the variants to time (default: all)")
     ap.add_argument("--reps", type=int, default=40, help="timed launches of each variant a case")
     ap.add_argument("--rows", type=int, choices=(64, 128), default=128, help="value rows of a program's state")
+    ap.add_argument("--check-rows", action="store_true", help="only compare the kernel with its 64-row build")
     args = ap.parse_args()
     global V
     V = args.rows
     import triton
 
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    if args.check_rows:
+        return check_rows()
     files = {os.path.splitext(os.path.basename(f))[0]: f for f in args.variants.split(",") if f}
     variants = dict(VARIANTS, **{name: _replacement(f) for name, f in files.items()})
     if args.only:
