@@ -110,7 +110,7 @@ def load(name, edit):
     return importlib.import_module(f"gdn_{name}.kernels.fused_sm90").fused_kernel
 
 
-def inputs(lens, HV=32, H=16, dtype=torch.bfloat16, seed=0):
+def inputs(lens, HV=32, V=V, H=16, dtype=torch.bfloat16, seed=0):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     T = sum(lens)
     q, k = (torch.randn(1, T, H, K, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
@@ -126,7 +126,7 @@ def launch(kernel, q, k, v, g, beta, cu, h0, o, ht):
     abi = importlib.import_module(kernel.fn.__module__.rsplit(".", 1)[0])  # the flag bits, from the kernel's copy
     # the kernel's num_warps are its default partition's: STATE_WARPS of the (possibly replaced) source
     num_warps = importlib.import_module(kernel.fn.__module__).STATE_WARPS.value
-    T, H, HV = q.shape[1], q.shape[2], v.shape[2]
+    T, H, HV, V = q.shape[1], q.shape[2], v.shape[2], v.shape[3]
     flags = abi.FUSED_L2NORM | abi.FUSED_HAS_H0 | abi.FUSED_STORE_HT
     # g, g: the A_log, dt_bias a GATING=False kernel never reads; ht, 0, cu, 0: no checkpoints
     kernel[(len(cu) - 1, HV, 1)](q, k, v, g, beta, g, g, cu, h0, ht, cu, o, K ** -0.5, T, H, HV, flags, ht, 0, cu, 0,
@@ -134,11 +134,11 @@ def launch(kernel, q, k, v, g, beta, cu, h0, o, ht):
                                  CHECKPOINTS=False, num_warps=num_warps, maxnreg=128)
 
 
-def check(kernel):
+def check(kernel, rows):
     from reference import reference_outputs, rel_max_err
 
     for lens in ([1], [63], [65], [200], [5, 0, 64, 130, 0, 1], [1000, 37, 4096, 511, 2900]):
-        q, k, v, g, beta, cu, h0 = inputs(lens)
+        q, k, v, g, beta, cu, h0 = inputs(lens, V=rows)
         o, ht = torch.full_like(v, float("nan")), torch.full_like(h0, float("nan"))
         launch(kernel, q, k, v, g, beta, cu, h0, o, ht)
         ro, rh = reference_outputs(q, k, v, g, beta, cu.tolist(), h0, True)
@@ -148,14 +148,11 @@ def check(kernel):
 def check_rows():
     """gdn_fused against its 64-row build (_rows) on each half of V: bitwise equal outputs and final states are what
     a route of 64-row programs reproducing gdn_fused's bits relies on (docs/design.md, "Batch invariance")."""
-    global V
     full, half = load("rows128", VARIANTS["fused"]), load("rows64", _rows(VARIANTS["fused"], 64))
     for lens in ([8192], [1000, 37, 4096, 511, 2900], [63, 65, 1, 0, 200]):
-        V = 128
         q, k, v, g, beta, cu, h0 = inputs(lens)
         o, ht = torch.empty_like(v), torch.empty_like(h0)
         launch(full, q, k, v, g, beta, cu, h0, o, ht)
-        V = 64
         for part in (slice(0, 64), slice(64, 128)):
             v_part, h0_part = v[..., part].contiguous(), h0[..., part].contiguous()
             o_part, ht_part = torch.empty_like(v_part), torch.empty_like(h0_part)
@@ -174,8 +171,6 @@ def main():
     ap.add_argument("--rows", type=int, choices=(64, 128), default=128, help="value rows of a program's state")
     ap.add_argument("--check-rows", action="store_true", help="only compare the kernel with its 64-row build")
     args = ap.parse_args()
-    global V
-    V = args.rows
     import triton
 
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
@@ -190,12 +185,12 @@ def main():
     if args.check:  # the kernels that compute the answer (the stubs do not)
         for name in [n for n in kernels if n == "fused" or n in files]:
             print(f"{name}:")
-            check(kernels[name])
+            check(kernels[name], args.rows)
     widths = [max(12, len(n) + 2) for n in kernels]
     print("case".ljust(14) + "".join(n.rjust(w) for n, w in zip(kernels, widths)))
     for case in args.cases.split(","):
         lens, HV = CASES[case]
-        q, k, v, g, beta, cu, h0 = inputs(lens, HV)
+        q, k, v, g, beta, cu, h0 = inputs(lens, HV, args.rows)
         o, ht = torch.empty_like(v), torch.empty_like(h0)
         row = timed_alternating([lambda kern=kern: launch(kern, q, k, v, g, beta, cu, h0, o, ht)
                                  for kern in kernels.values()], args.reps)
