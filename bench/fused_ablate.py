@@ -13,9 +13,8 @@ Variants (textual edits of a temporary copy of kernels/fused_sm90.py, never of t
               what the hand-over between them costs, with all their work still done
   state_chain aux_stub with the state partition reduced to the recurrence's chain, S k^T -> v_new -> update (no
               S q^T, no output): what a program whose aux terms and outputs were computed elsewhere would take
---rows 64 holds the state in one warpgroup of 64 value rows (V = 64, STATE_WARPS = 4) in every variant: what one
-64-row V tile of the same arithmetic takes (run the HV = 64 cases for the program count of two tiles a head);
---check-rows only compares the kernel with its 64-row build on each half of V, bit for bit.
+--bv 64 runs every variant at BV = 64 (two programs a value head, each holding 64 value rows of the state in one
+warpgroup); --check-rows only compares the kernel at BV = 64 with BV = 128, bit for bit.
 --variants A.py,B.py adds whole replacements of kernels/fused_sm90.py (named by their file stems), for A/B tests of
 a change before it is made in the checkout; --only fused,A times a subset.
 --check first compares the kernel (and each --variants file) with the float64 token recurrence (small cases) and
@@ -43,8 +42,7 @@ CASES = {"1x8192": ([8192], 32), "4x2048": ([2048] * 4, 32), "1x65536": ([65536]
          "64seqs": ([round(100 + 2900 * ((29 * i) % 64) / 63) for i in range(64)], 32),
          # the shapes of a sequence split of 1 x 65536 (docs/design.md, "Sequence split"), and HV = 64 singles
          "2x32768": ([32768] * 2, 32), "3x21845": ([21846, 21845, 21845], 32), "2x21846": ([21846, 21845], 32),
-         "4x16384": ([16384] * 4, 32), "5x16384": ([16384] * 5, 32), "3x16384": ([16384] * 3, 32),
-         "1x8192@64": ([8192], 64), "1x65536@64": ([65536], 64)}
+         "4x16384": ([16384] * 4, 32), "5x16384": ([16384] * 5, 32), "3x16384": ([16384] * 3, 32)}
 
 
 def _cut(src, start, end, new):
@@ -81,11 +79,6 @@ def _state_chain(s):
                 "        inputs.bars.release(c)\n")
 
 
-def _rows(edit, rows):
-    """edit, then the state in rows / 64 warpgroups (the kernel takes V from its launch)."""
-    return lambda s: edit(s).replace("STATE_WARPS = gl.constexpr(8)", f"STATE_WARPS = gl.constexpr({rows // 16})")
-
-
 def _replacement(path):
     """An edit that ignores the checkout's source and returns the file's."""
     with open(path) as f:
@@ -110,7 +103,7 @@ def load(name, edit):
     return importlib.import_module(f"gdn_{name}.kernels.fused_sm90").fused_kernel
 
 
-def inputs(lens, HV=32, V=V, H=16, dtype=torch.bfloat16, seed=0):
+def inputs(lens, HV=32, H=16, dtype=torch.bfloat16, seed=0):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     T = sum(lens)
     q, k = (torch.randn(1, T, H, K, device="cuda", dtype=dtype, generator=gen) for _ in range(2))
@@ -122,43 +115,40 @@ def inputs(lens, HV=32, V=V, H=16, dtype=torch.bfloat16, seed=0):
     return q, k, v, g, beta, cu, h0
 
 
-def launch(kernel, q, k, v, g, beta, cu, h0, o, ht):
+def launch(kernel, q, k, v, g, beta, cu, h0, o, ht, BV=V):
     abi = importlib.import_module(kernel.fn.__module__.rsplit(".", 1)[0])  # the flag bits, from the kernel's copy
-    # the kernel's num_warps are its default partition's: STATE_WARPS of the (possibly replaced) source
-    num_warps = importlib.import_module(kernel.fn.__module__).STATE_WARPS.value
-    T, H, HV, V = q.shape[1], q.shape[2], v.shape[2], v.shape[3]
+    T, H, HV = q.shape[1], q.shape[2], v.shape[2]
     flags = abi.FUSED_L2NORM | abi.FUSED_HAS_H0 | abi.FUSED_STORE_HT
+    # as the build compiles it: the state's BV / 16 warps, a full register file for all the partitions' warps
+    warps = BV // 16 + abi.FUSED_ROLE_WARPS
     # g, g: the A_log, dt_bias a GATING=False kernel never reads; ht, 0, cu, 0: no checkpoints
-    kernel[(len(cu) - 1, HV, 1)](q, k, v, g, beta, g, g, cu, h0, ht, cu, o, K ** -0.5, T, H, HV, flags, ht, 0, cu, 0,
-                                 K=K, V=V, BT=64, IS_VARLEN=True, TRANSPOSE_STATE=False, GATING=False,
-                                 CHECKPOINTS=False, num_warps=num_warps, maxnreg=128)
+    kernel[(len(cu) - 1, HV, V // BV)](q, k, v, g, beta, g, g, cu, h0, ht, cu, o, K ** -0.5, T, H, HV, flags, ht, 0,
+                                       cu, 0, K=K, V=V, BT=64, BV=BV, IS_VARLEN=True, TRANSPOSE_STATE=False,
+                                       GATING=False, CHECKPOINTS=False, num_warps=BV // 16,
+                                       maxnreg=65536 // (32 * warps))
 
 
-def check(kernel, rows):
+def check(kernel, BV):
     from reference import reference_outputs, rel_max_err
 
     for lens in ([1], [63], [65], [200], [5, 0, 64, 130, 0, 1], [1000, 37, 4096, 511, 2900]):
-        q, k, v, g, beta, cu, h0 = inputs(lens, V=rows)
+        q, k, v, g, beta, cu, h0 = inputs(lens)
         o, ht = torch.full_like(v, float("nan")), torch.full_like(h0, float("nan"))
-        launch(kernel, q, k, v, g, beta, cu, h0, o, ht)
+        launch(kernel, q, k, v, g, beta, cu, h0, o, ht, BV)
         ro, rh = reference_outputs(q, k, v, g, beta, cu.tolist(), h0, True)
         print(f"  {str(lens):28s} o {rel_max_err(o[0].float().cpu(), ro):.2e}  ht {rel_max_err(ht.cpu(), rh):.2e}")
 
 
 def check_rows():
-    """gdn_fused against its 64-row build (_rows) on each half of V: bitwise equal outputs and final states are what
-    a route of 64-row programs reproducing gdn_fused's bits relies on (docs/design.md, "Batch invariance")."""
-    full, half = load("rows128", VARIANTS["fused"]), load("rows64", _rows(VARIANTS["fused"], 64))
+    """gdn_fused at BV = 64 against BV = 128: bitwise equal outputs and final states are what lets a dispatch table
+    send few-program batches to BV = 64 and stay batch invariant (docs/design.md, "Batch invariance")."""
+    kernel = load("fused", VARIANTS["fused"])
     for lens in ([8192], [1000, 37, 4096, 511, 2900], [63, 65, 1, 0, 200]):
         q, k, v, g, beta, cu, h0 = inputs(lens)
-        o, ht = torch.empty_like(v), torch.empty_like(h0)
-        launch(full, q, k, v, g, beta, cu, h0, o, ht)
-        for part in (slice(0, 64), slice(64, 128)):
-            v_part, h0_part = v[..., part].contiguous(), h0[..., part].contiguous()
-            o_part, ht_part = torch.empty_like(v_part), torch.empty_like(h0_part)
-            launch(half, q, k, v_part, g, beta, cu, h0_part, o_part, ht_part)
-            print(f"  {str(lens):28s} V {part.start}-{part.stop - 1}: o bitwise {torch.equal(o_part, o[..., part])}, "
-                  f"ht bitwise {torch.equal(ht_part, ht[..., part])}", flush=True)
+        o, ht, o64, ht64 = torch.empty_like(v), torch.empty_like(h0), torch.empty_like(v), torch.empty_like(h0)
+        launch(kernel, q, k, v, g, beta, cu, h0, o, ht, 128)
+        launch(kernel, q, k, v, g, beta, cu, h0, o64, ht64, 64)
+        print(f"  {str(lens):28s} o bitwise {torch.equal(o64, o)}, ht bitwise {torch.equal(ht64, ht)}", flush=True)
 
 
 def main():
@@ -168,8 +158,8 @@ def main():
     ap.add_argument("--variants", default="", help="comma-separated replacement files for kernels/fused_sm90.py")
     ap.add_argument("--only", help="comma-separated names of the variants to time (default: all)")
     ap.add_argument("--reps", type=int, default=40, help="timed launches of each variant a case")
-    ap.add_argument("--rows", type=int, choices=(64, 128), default=128, help="value rows of a program's state")
-    ap.add_argument("--check-rows", action="store_true", help="only compare the kernel with its 64-row build")
+    ap.add_argument("--bv", type=int, choices=(64, 128), default=128, help="value rows of a program's state")
+    ap.add_argument("--check-rows", action="store_true", help="only compare the kernel at BV 64 with BV 128")
     args = ap.parse_args()
     import triton
 
@@ -180,19 +170,18 @@ def main():
     variants = dict(VARIANTS, **{name: _replacement(f) for name, f in files.items()})
     if args.only:
         variants = {name: variants[name] for name in args.only.split(",")}
-    variants = {name: _rows(edit, args.rows) for name, edit in variants.items()}
     kernels = {name: load(name, edit) for name, edit in variants.items()}
     if args.check:  # the kernels that compute the answer (the stubs do not)
         for name in [n for n in kernels if n == "fused" or n in files]:
             print(f"{name}:")
-            check(kernels[name], args.rows)
+            check(kernels[name], args.bv)
     widths = [max(12, len(n) + 2) for n in kernels]
     print("case".ljust(14) + "".join(n.rjust(w) for n, w in zip(kernels, widths)))
     for case in args.cases.split(","):
         lens, HV = CASES[case]
-        q, k, v, g, beta, cu, h0 = inputs(lens, HV, args.rows)
+        q, k, v, g, beta, cu, h0 = inputs(lens, HV)
         o, ht = torch.empty_like(v), torch.empty_like(h0)
-        row = timed_alternating([lambda kern=kern: launch(kern, q, k, v, g, beta, cu, h0, o, ht)
+        row = timed_alternating([lambda kern=kern: launch(kern, q, k, v, g, beta, cu, h0, o, ht, args.bv)
                                  for kern in kernels.values()], args.reps)
         print(case.ljust(14) + "".join(f"{t:{w}.3f}" for t, w in zip(row, widths)), flush=True)
 

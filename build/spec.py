@@ -37,7 +37,8 @@ number, default 2), ``single_wave_warps`` (the variants with this num_warps are 
 when one of them runs the batch in one wave of one program an SM: the smallest BV with
 num_seqs * HV * V / BV <= SMs); the BVs named must be among the kernel's BV values, the num_warps among its
 variants'. A kernel that is a route of its own (gdn_fused) takes ``classes``: the shape classes (single_wave,
-small_batch, default) it serves instead of gdn_prepare + gdn_scan; a configuration only it serves needs none.
+small_batch, default) it serves instead of gdn_prepare + gdn_scan; a configuration only it serves needs none
+(and gets a single-wave row per built BV below its largest, loader/dispatch.py).
 The build turns these into the dispatch table of the manifest and the launcher (loader/dispatch.py).
 sm_103a is built from the sm_100a sources and, where it has no `launch`/`dispatch` entry of its own, takes
 sm_100a's; exclusions naming sm_100a remove the matching sm_103a variants too (SECTIONS_FROM).
@@ -305,8 +306,10 @@ class _Parser:
                 if key in choice:
                     vals = self.values(choice, key, f"{kp}.{arch}", int, None)
                     for n in vals:
-                        if key == "num_warps" and (n <= 0 or n & (n - 1) or n > 32):
-                            raise self.err(f"{kp}.{arch}.num_warps", "num_warps must be a power of two <= 32", n)
+                        # a warp-specialised kernel's warps are its partitions' sum (gdn_fused at BV = 64: 12)
+                        if key == "num_warps" and (n <= 0 or (n & (n - 1) and n % 4) or n > 32):
+                            raise self.err(f"{kp}.{arch}.num_warps",
+                                           "num_warps must be a power of two or a multiple of 4, <= 32", n)
                         if key == "num_stages" and n < 1:
                             raise self.err(f"{kp}.{arch}.num_stages", "num_stages must be >= 1", n)
                     out[arch][key] = vals

@@ -12,7 +12,8 @@ A forward is one of two routes (docs/algorithm.md has the math, docs/design.md t
                writes the output of every chunk as it goes, so no per-chunk state or v_new reaches HBM
                (both arches also have a warp-specialised variant, SCAN_WS_WARPS warps, for batches of one wave)
 or
-  gdn_fused    one program per (sequence, value head): the whole forward in one warp-specialised kernel
+  gdn_fused    one program per (sequence, value head, V tile): the whole forward in one warp-specialised kernel
+               (sm_90a tiles V by BV = 64 or 128, sm_100a takes BV = V)
 gdn_scan and gdn_fused also write the prefix-cache state checkpoints (the state after every N tokens of each
 sequence) in their `checkpoints` variants (the CHECKPOINTS constexpr; common.Checkpoints); the others have none of
 that code.
@@ -28,10 +29,10 @@ from .registry import KernelDef, Variant
 # state partition (the kernel's num_warps), two 4-warp output partitions and a load warp, which takes a warpgroup's
 # registers, at 128 registers a thread on average (setmaxnreg moves them between the partitions).
 SCAN_WS_WARPS = 16
-# A gdn_fused variant with this many warps is compiled with the warps of its default partition, FUSED_WS_DEFAULT
-# (the two state warpgroups), at 65536 / (32 * 16) = 128 registers a thread (setmaxnreg moves them).
-FUSED_WS_WARPS = 16
-FUSED_WS_DEFAULT = 8
+# gdn_fused is always warp-specialised: its default partition, the state, is a warpgroup per 64 value rows of its V
+# tile (BV / 16 warps, the kernel's num_warps), beside FUSED_ROLE_WARPS more (aux 4, load 2, norms 2). A variant's
+# num_warps counts them all (16 at BV = 128, 12 at BV = 64); setmaxnreg moves registers between the partitions.
+FUSED_ROLE_WARPS = 8
 # A gdn_prepare variant with this many warps is the warp-specialised prepare (prepare_sm90_ws.py, prepare_sm100_ws.py):
 # an 8-warp writer partition (the kernel's num_warps, PREPARE_WS_DEFAULT), a 4-warp aux and a 4-warp load partition.
 PREPARE_WS_WARPS = 16
@@ -64,7 +65,14 @@ class WarpSpecialization:
 
 _PREPARE_WS = WarpSpecialization(PREPARE_WS_WARPS, PREPARE_WS_DEFAULT)
 _SCAN_WS = WarpSpecialization(SCAN_WS_WARPS, 4)
-_FUSED_WS = WarpSpecialization(FUSED_WS_WARPS, FUSED_WS_DEFAULT)
+
+
+def _fused_ws(v: Variant) -> WarpSpecialization:
+    ws = WarpSpecialization(v.BV // 16 + FUSED_ROLE_WARPS, v.BV // 16)
+    if not ws.applies(v):
+        raise ValueError(f"gdn_fused at BV = {v.BV} runs {ws.warps} warps ({ws.default_warps} for the state, "
+                         f"{FUSED_ROLE_WARPS} for the other roles), not num_warps = {v.num_warps}")
+    return ws
 
 
 GDN_PREPARE = KernelDef(
@@ -101,13 +109,15 @@ GDN_SCAN = KernelDef(
 GDN_FUSED = KernelDef(
     name="gdn_fused",
     params=abi.FAMILIES["gdn_fused"].kernel_params,
-    constexprs=lambda v: {"K": v.K, "V": v.V, "BT": v.BT, "IS_VARLEN": v.varlen, "TRANSPOSE_STATE": v.transpose,
-                          "GATING": v.gating, "CHECKPOINTS": v.checkpoints, "num_warps": _FUSED_WS.compile_warps(v)},
-    options=_FUSED_WS.options,
+    constexprs=lambda v: {"K": v.K, "V": v.V, "BT": v.BT, "BV": v.BV, "IS_VARLEN": v.varlen,
+                          "TRANSPOSE_STATE": v.transpose, "GATING": v.gating, "CHECKPOINTS": v.checkpoints,
+                          "num_warps": _fused_ws(v).compile_warps(v)},
+    options=lambda v: _fused_ws(v).options(v),
     sources={"sm90": ".fused_sm90:fused_kernel", "sm100": ".fused_sm100:fused_kernel"},
     grid=abi.FAMILIES["gdn_fused"].grid_doc,
-    uses_axes=frozenset({"dtype", "K", "V", "BT", "varlen", "transpose", "state_dtype", "gating", "checkpoints"}),
-    doc="per (sequence, value head): the whole forward, prepare and scan of every chunk in one program",
+    uses_axes=frozenset({"dtype", "K", "V", "BT", "BV", "varlen", "transpose", "state_dtype", "gating",
+                         "checkpoints"}),
+    doc="per (sequence, value head, V tile): the whole forward, prepare and scan of every chunk in one program",
 )
 
 KERNELS: dict[str, KernelDef] = {kd.name: kd for kd in (GDN_PREPARE, GDN_SCAN, GDN_FUSED)}
@@ -115,4 +125,4 @@ KERNELS: dict[str, KernelDef] = {kd.name: kd for kd in (GDN_PREPARE, GDN_SCAN, G
 # bits of the kernels' `flags` argument (the launcher ABI's, loader/abi.py): PREPARE_L2NORM, SCAN_HAS_H0, ...
 globals().update(abi.FLAGS)
 
-__all__ = ["KERNELS", "KernelDef", "Variant", "SCAN_WS_WARPS", "FUSED_WS_WARPS", "PREPARE_WS_WARPS", *abi.FLAGS]
+__all__ = ["KERNELS", "KernelDef", "Variant", "SCAN_WS_WARPS", "FUSED_ROLE_WARPS", "PREPARE_WS_WARPS", *abi.FLAGS]

@@ -1,8 +1,9 @@
 """gdn_fused for Blackwell (sm_100a): the whole forward in one warp-specialised kernel.
 
-Same algorithm, grid, flags, rings and rounding points as fused_sm90.py (docs/algorithm.md has the derivation);
-the tensor-core side is Blackwell's. One program per (sequence, value head) walks the sequence's 64-token chunks
-in order; q, k, v, g and beta are read once, o and the final state written once. The state is held transposed,
+Same algorithm, flags, rings and rounding points as fused_sm90.py (docs/algorithm.md has the derivation), and its
+grid at BV = V, the only V tile here; the tensor-core side is Blackwell's. One program per (sequence, value head)
+walks the sequence's 64-token chunks in order; q, k, v, g and beta are read once, o and the final state written
+once. The state is held transposed,
 S = h^T [V, K] fp32, in tensor memory (TMEM: its V = 128 rows are the 128 lanes), and the products that take it
 read a 16-bit copy of it from TMEM as tcgen05's A operand, the counterpart of sm_90a's register A operand; the
 other [V, BT] A operands (kh, v_new, v_dec) go the same way. With rq, rk the inverse L2 norms of the q and k rows
@@ -255,10 +256,11 @@ def _state_partition(st, inputs, terms, o_desc, o_stage, seq_len, checkpoints):
 @gluon.jit
 def fused_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0, ht, state_indices, o, scale, T, H, HV, flags,
                  state_checkpoints, checkpoint_rows, checkpoint_cu_starts, checkpoint_every_n_tokens,
-                 K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, IS_VARLEN: gl.constexpr,
+                 K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, IS_VARLEN: gl.constexpr,
                  TRANSPOSE_STATE: gl.constexpr, GATING: gl.constexpr, CHECKPOINTS: gl.constexpr,
                  num_warps: gl.constexpr):
     gl.static_assert(num_warps == STATE_WARPS, "the default partition is the two state warpgroups")
+    gl.static_assert(BV == V, "no V tiles: the state's V rows fill the 128 TMEM lanes of one tcgen05 M = 128")
     gl.static_assert(BT == 64, "one warpgroup owns a chunk's 64 rows in the aux partition (tcgen05 M = 64)")
     gl.static_assert(V == 128, "S's V rows are the 128 TMEM lanes (tcgen05 M = 128)")
     dtype: gl.constexpr = q.dtype.element_ty
@@ -285,8 +287,8 @@ def fused_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0, ht, state_ind
     st.s.store(gl.convert_layout(gl.permute(h, [1, 0]), reg_vk))
 
     gate_source = GateSource.make(g + i_hv, beta + i_hv, A_log, dt_bias, i_hv, flags, GATING, GATE_IN_KERNEL)
-    q_desc, k_desc, v_desc, o_desc, gate_source = head_tiles(q, k, v, o, gate_source, bos, seq_len, i_h, i_hv, H,
-                                                             HV, K, V, BT)
+    q_desc, k_desc, v_desc, o_desc, gate_source = head_tiles(q, k, v, o, gate_source, bos, seq_len, i_h, i_hv, 0, H,
+                                                             HV, K, V, V, BT)
     # --- shared memory: the rings (the state's MMAs empty an input slot), the aux's scratch, the output staging
     inputs, gates, terms = chunk_rings(q_desc, k_desc, v_desc)
     f32_tt: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], gl.float32)

@@ -1,12 +1,14 @@
 """gdn_fused for Hopper (sm_90a): the whole forward in one warp-specialised kernel (docs/performance.md has its
 times, and where the two-kernel route is still faster).
 
-One program per (sequence, value head) walks the sequence's 64-token chunks in order. q, k, v, g and beta are
-read once, o and the final state written once; A, its inverse, v_new and the state never leave the SM
-(docs/algorithm.md, "The fused forward"). The state is held transposed, S = h^T [V, K] fp32, in the registers
-of two warpgroups (64 value rows each), so every product with it takes it as wgmma's register A operand and the
-state is never copied to shared memory. With rq, rk the inverse L2 norms of the q and k rows (1 without
-FUSED_L2NORM), gam = cumsum(g) and gl = gam of the chunk's last row:
+One program per (sequence, value head, V tile of BV rows) walks the sequence's 64-token chunks in order. q, k, v,
+g and beta are read once (q, k and the gates once a V tile), o and the final state written once; A, its inverse,
+v_new and the state never leave the SM (docs/algorithm.md, "The fused forward"). The state is held transposed,
+S = h^T [BV, K] fp32, in the registers of BV / 64 warpgroups (64 value rows each), so every product with it takes
+it as wgmma's register A operand and the state is never copied to shared memory. Every product with S, and every
+update of it, is row by row: a value row's bits depend on that row and the chunk's terms only, so BV = 64 (two
+programs a value head, for batches of few sequences) computes bitwise what BV = 128 does. With rq, rk the inverse
+L2 norms of the q and k rows (1 without FUSED_L2NORM), gam = cumsum(g) and gl = gam of the chunk's last row:
     A      = beta_t rk_t rk_s (k k^T)_ts e^(gam_t - gam_s),  s < t                     (aux)
     Tc     = (I + A)^-1;  Tv = Tc diag(beta)                                            (aux)
     P      = rk_s (q k^T)_ts e^(gam_t - gam_s),              s <= t                    (aux)
@@ -17,9 +19,10 @@ FUSED_L2NORM), gam = cumsum(g) and gl = gam of the chunk's last row:
 v_new is one product: v^T (ldmatrix from its TMA tile) and the scaled kh are summed in registers and enter the
 tensor cores once, so the critical path S -> kh -> v_new -> S has three products, not four. The attention
 scale rides on rq (the norms partition's one multiply a row) rather than on P (the aux partition's one an entry).
-Partitions, 16 warps (registers a thread by setmaxnreg; the kernel is compiled at 128, a full register file):
-  * state, the default partition: 2 warpgroups, (2048 - 4 * AUX_REGS - 4 * LOAD_REGS) / 8 = 192 registers: S
-    alone is 64 a thread, its bf16 copy (the A operand of S k^T and S q^T) 32, each [V, BT] accumulator 32.
+Partitions, BV / 16 + 8 warps (registers a thread by setmaxnreg; the kernel is compiled at a full register file):
+  * state, the default partition: BV / 64 warpgroups; at BV = 128 (2048 - 4 * AUX_REGS - 4 * LOAD_REGS) / 8 = 192
+    registers (at BV = 64, 256: ptxas's ceiling), a thread's share the same at either BV: S alone is 64 a
+    thread, its bf16 copy (the A operand of S k^T and S q^T) 32, each [V, BT] accumulator 32.
     With fewer (an aux budget above 104), ptxas serialises every wgmma of the kernel (C7512), and it does the
     same when S q^T is still in flight while v_new's product is issued: S k^T and S q^T are waited on together;
   * aux, one warpgroup, AUX_REGS: what a chunk needs that does not depend on the state, up to NUM_SLOTS chunks
@@ -45,8 +48,8 @@ state, and rq, norms -> state). Few partitions free what they read, because Trit
 partition barrier between an arrive and the partition's next shared-memory access (chunk_rings): the aux partition
 arrives only on the terms' ready barrier, and the sm_90a state partition once a chunk, on the input slot's empty
 barrier, which stands for its terms and rq too.
-Shared memory (188 KB of the 227 KB a CTA may have): inputs 2 x 48 KB, terms 2 x 18 KB, the inverse's four fp16
-tiles 32 KB, o staging 16 KB; one program an SM.
+Shared memory at BV = 128 (188 KB of the 227 KB a CTA may have): inputs 2 x 48 KB, terms 2 x 18 KB, the inverse's
+four fp16 tiles 32 KB, o staging 16 KB; at BV = 64, 164 KB (the v tiles and o staging halve); one program an SM.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -71,7 +74,6 @@ AUX_REGS = gl.constexpr(104)
 LOAD_REGS = gl.constexpr(24)
 LOAD_WARPS = gl.constexpr(2)
 NORMS_WARPS = gl.constexpr(2)
-STATE_WARPS = gl.constexpr(8)
 # programs numbered head-major (common.sequence_and_head): the kernel's own ids and its checkpoints' agree
 HEAD_MAJOR = gl.constexpr(True)
 # rows of a chunk-terms slot's scaling tile: beta and the column scalings of kh (-e^gam rk), of v_new before the
@@ -725,10 +727,10 @@ def _state_partition(state, inputs, terms, o_desc, o_stage, seq_len, checkpoints
     """The recurrence and the outputs (see the module docstring); returns the final state S = h^T and writes the
     checkpoints (S is in no other partition's reach)."""
     BT: gl.constexpr = o_desc.block_type.shape[0]
-    V: gl.constexpr = state.shape[0]
+    V: gl.constexpr = state.shape[0]  # the program's BV value rows
     dtype: gl.constexpr = o_desc.block_type.element_ty
     acc_vk: gl.constexpr = state.type.layout
-    acc_vt: gl.constexpr = wgmma_layout(V, BT, STATE_WARPS)
+    acc_vt: gl.constexpr = wgmma_layout(V, BT, gl.num_warps())
     op_vt: gl.constexpr = gl.DotOperandLayout(0, acc_vt, 2)  # register A operand of the [V, BT] products
     op_vk: gl.constexpr = gl.DotOperandLayout(0, acc_vk, 2)  # and of the state update
     cols_vt: gl.constexpr = gl.SliceLayout(0, acc_vt)
@@ -776,7 +778,7 @@ def _state_partition(state, inputs, terms, o_desc, o_stage, seq_len, checkpoints
         gl.thread_barrier()
         tma.async_copy_shared_to_global(o_desc, [c * BT, 0], o_stage)
         # last in the chunk, with o's registers free: S = h^T, written as the [K, V] tile h
-        checkpoints.store_after(gl.permute(state, [1, 0]), c, seq_len, 0)
+        checkpoints.store_after(gl.permute(state, [1, 0]), c, seq_len, gl.program_id(2))
     tma.store_wait(0)
     return (state, )
 
@@ -792,16 +794,17 @@ def state_slot(i_n, state_indices, flags):
 
 
 @gluon.jit
-def head_tiles(q, k, v, o, gate_source, bos, seq_len, i_h, i_hv, H, HV, K: gl.constexpr, V: gl.constexpr,
-               BT: gl.constexpr):
-    """The program's TMA descriptors over its sequence's q, k (key head i_h), v and o (value head i_hv) rows, with
-    the sequence's length as row bound (a chunk's tail is zero-filled on load and clipped on store, never the next
-    sequence's rows), and the source of the head's gates with offsets from the sequence's first row."""
+def head_tiles(q, k, v, o, gate_source, bos, seq_len, i_h, i_hv, i_v, H, HV, K: gl.constexpr, V: gl.constexpr,
+               BV: gl.constexpr, BT: gl.constexpr):
+    """The program's TMA descriptors over its sequence's q, k (key head i_h), v and o (value head i_hv, columns of
+    V tile i_v) rows, with the sequence's length as row bound (a chunk's tail is zero-filled on load and clipped on
+    store, never the next sequence's rows), and the source of the head's gates with offsets from the sequence's
+    first row."""
     row0 = bos.to(gl.int64)
     q_desc = row_tile_desc(q + row0 * H * K + i_h * K, H * K, seq_len, BT, K)
     k_desc = row_tile_desc(k + row0 * H * K + i_h * K, H * K, seq_len, BT, K)
-    v_desc = row_tile_desc(v + row0 * HV * V + i_hv * V, HV * V, seq_len, BT, V)
-    o_desc = row_tile_desc(o + row0 * HV * V + i_hv * V, HV * V, seq_len, BT, V)
+    v_desc = row_tile_desc(v + row0 * HV * V + i_hv * V + i_v * BV, HV * V, seq_len, BT, BV)
+    o_desc = row_tile_desc(o + row0 * HV * V + i_hv * V + i_v * BV, HV * V, seq_len, BT, BV)
     return q_desc, k_desc, v_desc, o_desc, gate_source.rows(row0, HV)
 
 
@@ -855,30 +858,33 @@ def chunk_rings(q_desc, k_desc, v_desc):
 @gluon.jit
 def fused_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0, ht, state_indices, o, scale, T, H, HV, flags,
                  state_checkpoints, checkpoint_rows, checkpoint_cu_starts, checkpoint_every_n_tokens,
-                 K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, IS_VARLEN: gl.constexpr,
+                 K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, IS_VARLEN: gl.constexpr,
                  TRANSPOSE_STATE: gl.constexpr, GATING: gl.constexpr, CHECKPOINTS: gl.constexpr,
                  num_warps: gl.constexpr):
-    gl.static_assert(num_warps == STATE_WARPS, "the default partition is the two state warpgroups")
+    gl.static_assert(num_warps * 16 == BV, "the default partition is the state's BV / 64 warpgroups")
+    gl.static_assert((BV == 64) | (BV == 128), "a V tile is one or two warpgroups' 64 rows")
     gl.static_assert(BT == 64, "one warpgroup owns a chunk's 64 rows in the aux partition")
     dtype: gl.constexpr = q.dtype.element_ty
     i_n, i_hv = sequence_and_head(HV, HEAD_MAJOR)  # a sequence's heads start together
     i_h = i_hv // (HV // H)
+    i_v = gl.program_id(2)
     bos, seq_len = sequence_bounds(i_n, cu_seqlens, T, IS_VARLEN)
 
-    # --- the state S = h^T [V, K] in the wgmma accumulator layout of two warpgroups
-    acc_vk: gl.constexpr = wgmma_layout(V, K, num_warps)
-    io: gl.constexpr = state_io_layout(K, V, TRANSPOSE_STATE, num_warps)
+    # --- the state tile S = h^T [BV, K] in the wgmma accumulator layout of the state warpgroups
+    acc_vk: gl.constexpr = wgmma_layout(BV, K, num_warps)
+    io: gl.constexpr = state_io_layout(K, BV, TRANSPOSE_STATE, num_warps)
     slot = state_slot(i_n, state_indices, flags)
-    h = load_state_tile(h0, slot, i_hv, 0, HV, ((flags & HAS_H0) != 0) & (slot >= 0), K, V, V, TRANSPOSE_STATE, io)
+    h = load_state_tile(h0, slot, i_hv, i_v, HV, ((flags & HAS_H0) != 0) & (slot >= 0), K, V, BV, TRANSPOSE_STATE,
+                        io)
     state = gl.convert_layout(gl.permute(h, [1, 0]), acc_vk)
 
     gate_source = GateSource.make(g + i_hv, beta + i_hv, A_log, dt_bias, i_hv, flags, GATING, GATE_IN_KERNEL)
-    q_desc, k_desc, v_desc, o_desc, gate_source = head_tiles(q, k, v, o, gate_source, bos, seq_len, i_h, i_hv, H,
-                                                             HV, K, V, BT)
+    q_desc, k_desc, v_desc, o_desc, gate_source = head_tiles(q, k, v, o, gate_source, bos, seq_len, i_h, i_hv, i_v,
+                                                             H, HV, K, V, BV, BT)
     # --- shared memory: the three rings, the inverse's fp16 operand tiles, the output staging tile
     inputs, gates, terms = chunk_rings(q_desc, k_desc, v_desc)
     inverse = InverseScratch.make(BT)
-    o_stage = gl.allocate_shared_memory(dtype, [BT, V], o_desc.layout)
+    o_stage = gl.allocate_shared_memory(dtype, [BT, BV], o_desc.layout)
     checkpoints = Checkpoints(state_checkpoints, checkpoint_rows, checkpoint_cu_starts, checkpoint_every_n_tokens, HV,
                               BT, V, TRANSPOSE_STATE, CHECKPOINTS, HEAD_MAJOR)
 
@@ -888,5 +894,5 @@ def fused_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0, ht, state_ind
         (_load_partition, (inputs, gates, terms, q_desc, k_desc, v_desc, gate_source, seq_len, HV)),
         (_norms_partition, (inputs, terms, q_desc, seq_len, scale, flags, True)),
     ], [4, LOAD_WARPS, NORMS_WARPS], [AUX_REGS, LOAD_REGS, LOAD_REGS])[0]
-    store_state_tile(ht, gl.permute(state, [1, 0]), slot, i_hv, 0, HV, ((flags & STORE_HT) != 0) & (slot >= 0),
-                     K, V, V, TRANSPOSE_STATE)
+    store_state_tile(ht, gl.permute(state, [1, 0]), slot, i_hv, i_v, HV, ((flags & STORE_HT) != 0) & (slot >= 0),
+                     K, V, BV, TRANSPOSE_STATE)

@@ -34,7 +34,8 @@ import struct
 #    prefix-cache state checkpoints: state_checkpoints, checkpoint_rows, checkpoint_cu_starts (int64) and
 #    checkpoint_every_n_tokens (arguments of gdn_aot_forward, the last parameters of gdn_scan and gdn_fused, read by
 #    their `checkpoints` variants)
-LAUNCHER_ABI_VERSION = 5
+# 6: gdn_fused tiles V: grid (num_seqs, HV, V // BV), the route's BV its variant's (BV > 0 on every route)
+LAUNCHER_ABI_VERSION = 6
 # 2: `dispatch` holds the spec's preferences (`spec`) and the table (`table`); launcher.forward lists its routes
 # 3: the variants' functional axes state_dtype, gating, checkpoints (in the dispatch table's configurations too)
 MANIFEST_SCHEMA_VERSION = 3
@@ -201,7 +202,7 @@ FAMILIES = {f.name: f for f in (
               "state slot = state_indices[sequence] (-1: zero state, not written)")),
     ),
     Family(
-        "gdn_fused", "fused", "fused", ("num_seqs", "HV", 1), "(num_seqs, HV, 1)",
+        "gdn_fused", "fused", "fused", ("num_seqs", "HV", "ztiles"), "(num_seqs, HV, V // BV)",
         _p("q:*{dtype} k:*{dtype} v:*{dtype} g:*fp32 beta:*fp32 A_log:*fp32 dt_bias:*fp32 cu_seqlens:*i32 "
            + _STATE_PARAMS
            + " scale:fp32 T:i32:plan.T_arg H:i32 HV:i32 flags:i32:flags" + _CHECKPOINT_PARAMS),
@@ -268,7 +269,7 @@ ROUTE_FIELDS = (
     *(_kernel_ptr(f.handle, f"the loaded {f.name} variant (route {f.route}; else 0)") for f in FAMILIES.values()),
     _i64("K"), _i64("V"),
     _i64("BT", "the variants' chunk length (kernels.tsv column BT)"),
-    _i64("BV", "the gdn_scan variant's V tile (kernels.tsv column BV; unused by the fused route)"),
+    _i64("BV", "the V tile of the route's kernel that tiles V, gdn_scan or gdn_fused (kernels.tsv column BV)"),
     _i64("elt", "bytes per q/k/v element: 2"),
 )
 CALL_FIELDS = (

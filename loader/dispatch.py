@@ -15,8 +15,11 @@ For each configuration the rows are the shape classes of the two-kernel route (g
   default      no bound: default_BV (or the largest built BV);
 less any row an earlier one covers on every SM count (specs/qwen35.yaml's sm_90a small_batch, factor 1/2, where
 the BV 64 single-wave row, le 1/2, exists), which would never serve a batch;
-a spec routes classes to gdn_fused with `gdn_fused: {classes: [...]}`, and a configuration that only gdn_fused
-serves gets one unbounded fused row. Pure Python: the build imports it without the runtime, the runtime without
+a spec routes classes to gdn_fused (at its largest built BV) with `gdn_fused: {classes: [...]}`, and a
+configuration that gdn_fused serves alone (no two-kernel variants, or every class named) gets gdn_fused's own
+classes: a single_wave row per built BV below the largest, smallest first, bound "le" 1 / (V / BV) (its programs
+at that V tile fit one wave: 64-row programs walk a chunk faster than 128-row ones, and compute the same bits),
+then default at the largest BV. Pure Python: the build imports it without the runtime, the runtime without
 the build.
 """
 from __future__ import annotations
@@ -105,6 +108,17 @@ def _covers(earlier: tuple, row: tuple) -> bool:
     return limit <= e_limit
 
 
+def _fused_rows(config: dict, variants: dict, want: dict) -> list[tuple]:
+    """(class, bound, limit, {kernel: key}) of a configuration gdn_fused serves alone (module docstring)."""
+    bvs = sorted({variants[k]["axes"]["BV"] for k in matching(variants, "gdn_fused", want)})
+
+    def kernels(bv):
+        return {"gdn_fused": pick(variants, "gdn_fused", want, BV=bv)}
+
+    return ([("single_wave", "le", Fraction(bv, config["V"]), kernels(bv)) for bv in bvs[:-1]]
+            + [("default", "any", Fraction(0), kernels(bvs[-1]))])
+
+
 def build_table(prefs: dict, variants: dict, uses: dict) -> list[dict]:
     """The dispatch table of one arch: `prefs` is the spec's `dispatch.<arch>` section, `variants` the built
     variants (manifest entries by key), `uses` each kernel's uses_axes."""
@@ -116,10 +130,13 @@ def build_table(prefs: dict, variants: dict, uses: dict) -> list[dict]:
     for values in itertools.product(*axis_values):
         config = dict(zip(CONFIG_AXES, values))
         rows = _two_kernel_rows(config, prefs, variants, uses)
-        fused = pick(variants, "gdn_fused", _want("gdn_fused", config, uses))
-        if fused is not None:
+        fused_want = _want("gdn_fused", config, uses)
+        fused = pick(variants, "gdn_fused", fused_want)
+        if fused is not None and all(c in fused_classes for c, *_ in rows):
+            rows = _fused_rows(config, variants, fused_want)
+        elif fused is not None:
             rows = [(c, b, lim, {"gdn_fused": fused} if c in fused_classes else kernels)
-                    for c, b, lim, kernels in rows] or [("default", "any", Fraction(0), {"gdn_fused": fused})]
+                    for c, b, lim, kernels in rows]
         for shape_class, bound, limit, kernels in rows:
             route = "fused" if "gdn_fused" in kernels else "prepare_scan"
             table.append(_row(config, shape_class, bound, limit, route, kernels))

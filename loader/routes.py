@@ -33,7 +33,8 @@ class Route:
         self.id = ROUTES[self.name].id
         first = next(iter(kernels.values()))
         self.BT = first.BT
-        self.BV = kernels["gdn_scan"].BV if "gdn_scan" in kernels else 0
+        # the V tile of the kernel whose grid tiles V (gdn_scan or gdn_fused; abi.FAMILIES' "ztiles")
+        self.BV = next(k.BV for f, k in kernels.items() if "ztiles" in FAMILIES[f].grid)
         self.K, self.V, self.varlen, self.elt = row["K"], row["V"], row["varlen"], elt
         # workspace bytes per (row, value head) of the route's regions, and every region's alignment slack
         self.row_bytes = region_bytes_per_row_head(self.name, {"K": self.K, "V": self.V, "elt": elt})

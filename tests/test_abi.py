@@ -106,7 +106,7 @@ def forward_args(prepare_struct=None, scan_struct=None, fused_struct=None, **ove
     address = lambda s: 0 if s is None else ctypes.addressof(s)  # noqa: E731
     fused = fused_struct is not None and prepare_struct is None
     values = dict(route=decl.ROUTES["fused" if fused else "prepare_scan"].id, prepare=address(prepare_struct),
-                  scan=address(scan_struct), fused=address(fused_struct), K=128, V=128, BT=64, BV=0 if fused else 64,
+                  scan=address(scan_struct), fused=address(fused_struct), K=128, V=128, BT=64, BV=128 if fused else 64,
                   elt=2, stream=0, q=1 << 20, k=2 << 20, v=3 << 20, g=4 << 20, beta=5 << 20, A_log=0, dt_bias=0,
                   cu_seqlens=6 << 20, h0=0,
                   ht=0, state_indices=0, o=7 << 20, state_checkpoints=0, checkpoint_rows=0, checkpoint_cu_starts=0,
@@ -200,7 +200,9 @@ def test_forward_refuses_bad_calls_without_a_driver(forward_launcher):
     for bad in (dict(workspace_bytes=need - 1), dict(workspace=(1 << 30) + 128), dict(state_indices=8 << 20)):
         assert lib.gdn_aot_forward(forward_args(prep, scan, **bad)) == CUDA_ERROR_INVALID_VALUE, bad
     assert lib.gdn_aot_forward(forward_args(prep, scan, workspace_bytes=need)) == CUDA_ERROR_INVALID_HANDLE
-    assert lib.gdn_aot_forward(forward_args(fused_struct=fused)) == CUDA_ERROR_INVALID_HANDLE  # BV unused there
+    assert lib.gdn_aot_forward(forward_args(fused_struct=fused)) == CUDA_ERROR_INVALID_HANDLE
+    for bad in (dict(BV=0), dict(BV=48)):  # gdn_fused tiles V too
+        assert lib.gdn_aot_forward(forward_args(fused_struct=fused, **bad)) == CUDA_ERROR_INVALID_VALUE, bad
     # the sm_90a fused route refuses allow_neg_eigval (its fp16 inverse); the two-kernel route takes it
     neg = decl.OPTION_BITS["L2NORM"] | decl.OPTION_BITS["BETA_SIGMOID"] | decl.OPTION_BITS["BETA_NEG_EIGVAL"]
     assert lib.gdn_aot_forward(forward_args(fused_struct=fused, options=neg)) == CUDA_ERROR_INVALID_VALUE
@@ -261,7 +263,7 @@ def expected_plan(route: str, scratch: dict, B, T, n, H, HV, varlen=True, BV=64,
         grids = {"prepare": [slots, H, 1], "scan": [n, HV, V // BV]}
         sizes = [rows * HV * K * 2, rows * HV * V * 2] + [rows * HV * 4] * 3
     else:
-        grids, sizes = {"fused": [n, HV, 1]}, [0] * 5
+        grids, sizes = {"fused": [n, HV, V // BV]}, [0] * 5
     need = max(scratch[h] * g[0] * g[1] * g[2] for h, g in grids.items())
     offsets = [sum(a(x) for x in sizes[:i]) for i in range(6)]
     return {"grids": grids, "offsets": offsets, "scratch_bytes": need, "workspace_bytes": offsets[-1] + a(need)}
@@ -274,12 +276,13 @@ def _check_plan(p, want):
     assert p.scratch_bytes == want["scratch_bytes"] and p.workspace_bytes == want["workspace_bytes"]
 
 
+@pytest.mark.parametrize("BV", [64, 128])
 @pytest.mark.parametrize("B, T, n, H, HV", [s[:5] for s in SHAPES if s[5]])
-def test_fused_route_plan(forward_launcher, B, T, n, H, HV):
-    """The fused route: grid (N, HV, 1), no workspace regions, the kernel's global scratch only."""
+def test_fused_route_plan(forward_launcher, B, T, n, H, HV, BV):
+    """The fused route: grid (N, HV, V / BV), no workspace regions, the kernel's global scratch only."""
     lib = Launcher(forward_launcher / launcher.LIBRARY)
-    p = lib.plan(forward_args(fused_struct=KernelStruct(scratch_size=640), B=B, T=T, num_seqs=n, H=H, HV=HV))
-    _check_plan(p, expected_plan("fused", {"fused": 640}, B, T, n, H, HV))
+    p = lib.plan(forward_args(fused_struct=KernelStruct(scratch_size=640), B=B, T=T, num_seqs=n, H=H, HV=HV, BV=BV))
+    _check_plan(p, expected_plan("fused", {"fused": 640}, B, T, n, H, HV, BV=BV))
     assert p.T_arg == B * T
 
 

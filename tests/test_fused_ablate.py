@@ -66,13 +66,6 @@ def test_state_chain_keeps_only_the_recurrence():
     assert "inputs.bars.release(c)" in state and "terms.rq_bars.wait_ready(c)" in state
 
 
-def test_rows_puts_the_state_in_one_warpgroup():
-    assert "STATE_WARPS = gl.constexpr(8)" in KERNEL
-    edited = fused_ablate._rows(fused_ablate.VARIANTS["fused"], 64)(KERNEL)
-    assert edited == KERNEL.replace("STATE_WARPS = gl.constexpr(8)", "STATE_WARPS = gl.constexpr(4)")
-    assert fused_ablate._rows(fused_ablate.VARIANTS["fused"], 128)(KERNEL) == KERNEL
-
-
 class _Clock:
     """Stand-in for torch.cuda: Event.record() reads a clock that each timed call advances by its own cost."""
 

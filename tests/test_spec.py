@@ -166,7 +166,7 @@ def test_shipped_specs_enumerate():
     assert {v.kernel for v in ckpt} == {"gdn_scan"} and all(v.varlen for v in ckpt) and len(ckpt) == 54
     assert {(v.BV, v.num_warps) for v in ckpt if v.arch == "sm_90a"} == {(128, 8), (32, 16), (64, 16)}
     t = load_spec("tiny")  # a shipped spec by name
-    assert len(t.variants) == 31
+    assert len(t.variants) == 32
     for arch in ("sm_90a", "sm_100a"):
         assert sorted(v.num_warps for v in t.for_arch(arch) if v.kernel == "gdn_prepare") == [4, 16]
     assert {(v.kernel, v.BV, v.num_warps, v.transpose, v.state_dtype, v.checkpoints) for v in t.for_arch("sm_103a")} \
@@ -185,10 +185,12 @@ def test_shipped_specs_enumerate():
         ("sm_100a", "gdn_scan", 64, 16, False), ("sm_100a", "gdn_scan", 64, 16, True),
         ("sm_90a", "gdn_fused", 128, 16, False), ("sm_100a", "gdn_fused", 128, 16, False)}
     f = load_spec(REPO / "specs" / "fused-preview.yaml")  # every configuration, the one-kernel route only
-    # with and without gating; with checkpoints for varlen batches
-    assert len(f.variants) == 108 and {v.kernel for v in f.variants} == {"gdn_fused"}
-    assert sum(v.checkpoints for v in f.variants) == 36 and all(v.varlen for v in f.variants if v.checkpoints)
-    assert all(v.num_warps == 16 and v.BT == 64 for v in f.variants)
+    # with and without gating; with checkpoints for varlen batches; sm_90a at BV 64 (12 warps) and 128 (16)
+    assert len(f.variants) == 144 and {v.kernel for v in f.variants} == {"gdn_fused"}
+    assert sum(v.checkpoints for v in f.variants) == 48 and all(v.varlen for v in f.variants if v.checkpoints)
+    assert all(v.num_warps == v.BV // 16 + 8 and v.BT == 64 for v in f.variants)
+    assert {(v.arch, v.BV) for v in f.variants} == {("sm_90a", 64), ("sm_90a", 128), ("sm_100a", 128),
+                                                    ("sm_103a", 128)}
     assert {v.dtype for v in t.variants} == {"bf16"}
     prep = [v for v in q.variants if v.kernel == "gdn_prepare"]  # BV and transpose unused: their defaults
     assert all(v.BT == 64 and v.BK == 128 and v.BV == 128 and not v.transpose for v in prep)
@@ -312,7 +314,7 @@ def test_state_dtype_specs_enumerate():
         assert tiers("bf16") == tiers("fp32")
     f = load_spec(REPO / "specs" / "fused-preview.yaml")
     assert {(v.dtype, v.state_dtype) for v in f.variants} == {("bf16", "fp32"), ("fp16", "fp32"), ("bf16", "bf16")}
-    assert len(f.variants) == 108
+    assert len(f.variants) == 144
     s = load_spec(REPO / "specs" / "state-dtypes.yaml")
     assert s.dispatch == q.dispatch
     per_arch = {"sm_90a": 3, "sm_100a": 3, "sm_103a": 3}  # (BV, warps) tiers, as qwen35.yaml's varlen ones

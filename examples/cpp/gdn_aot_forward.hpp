@@ -262,7 +262,7 @@ struct Selection {
         gdn_aot_forward_args_t a{};
         a.route = row->route, a.prepare = p, a.scan = k, a.fused = f;
         a.B = s.B, a.T = s.T, a.num_seqs = s.num_seqs, a.H = s.H, a.HV = s.HV, a.K = s.K, a.V = s.V;
-        a.BT = variants().front()->BT, a.BV = scan.key.empty() ? 0 : scan.BV, a.elt = 2;
+        a.BT = variants().front()->BT, a.BV = scan.key.empty() ? fused.BV : scan.BV, a.elt = 2;
         a.cu_seqlens = s.varlen ? 1 : 0;  // planning reads only whether it is set
         return a;
     }
