@@ -14,7 +14,8 @@ Variants (textual edits of a temporary copy of kernels/fused_sm90.py, never of t
   state_chain aux_stub with the state partition reduced to the recurrence's chain, S k^T -> v_new -> update (no
               S q^T, no output): what a program whose aux terms and outputs were computed elsewhere would take
 --bv 64 runs every variant at BV = 64 (two programs a value head, each holding 64 value rows of the state in one
-warpgroup); --check-rows only compares the kernel at BV = 64 with BV = 128, bit for bit.
+warpgroup, beside two aux warpgroups taking every other chunk); --check-rows only compares the kernel at BV = 64
+with BV = 128, bit for bit.
 --variants A.py,B.py adds whole replacements of kernels/fused_sm90.py (named by their file stems), for A/B tests of
 a change before it is made in the checkout; --only fused,A times a subset.
 --check first compares the kernel (and each --variants file) with the float64 token recurrence (small cases) and
@@ -120,7 +121,7 @@ def launch(kernel, q, k, v, g, beta, cu, h0, o, ht, BV=V):
     T, H, HV = q.shape[1], q.shape[2], v.shape[2]
     flags = abi.FUSED_L2NORM | abi.FUSED_HAS_H0 | abi.FUSED_STORE_HT
     # as the build compiles it: the state's BV / 16 warps, a full register file for all the partitions' warps
-    warps = BV // 16 + abi.FUSED_ROLE_WARPS
+    warps = abi.FUSED_WS_WARPS
     # g, g: the A_log, dt_bias a GATING=False kernel never reads; ht, 0, cu, 0: no checkpoints
     kernel[(len(cu) - 1, HV, V // BV)](q, k, v, g, beta, g, g, cu, h0, ht, cu, o, K ** -0.5, T, H, HV, flags, ht, 0,
                                        cu, 0, K=K, V=V, BT=64, BV=BV, IS_VARLEN=True, TRANSPOSE_STATE=False,

@@ -306,10 +306,8 @@ class _Parser:
                 if key in choice:
                     vals = self.values(choice, key, f"{kp}.{arch}", int, None)
                     for n in vals:
-                        # a warp-specialised kernel's warps are its partitions' sum (gdn_fused at BV = 64: 12)
-                        if key == "num_warps" and (n <= 0 or (n & (n - 1) and n % 4) or n > 32):
-                            raise self.err(f"{kp}.{arch}.num_warps",
-                                           "num_warps must be a power of two or a multiple of 4, <= 32", n)
+                        if key == "num_warps" and (n <= 0 or n & (n - 1) or n > 32):
+                            raise self.err(f"{kp}.{arch}.num_warps", "num_warps must be a power of two <= 32", n)
                         if key == "num_stages" and n < 1:
                             raise self.err(f"{kp}.{arch}.num_stages", "num_stages must be >= 1", n)
                     out[arch][key] = vals

@@ -29,10 +29,10 @@ from .registry import KernelDef, Variant
 # state partition (the kernel's num_warps), two 4-warp output partitions and a load warp, which takes a warpgroup's
 # registers, at 128 registers a thread on average (setmaxnreg moves them between the partitions).
 SCAN_WS_WARPS = 16
-# gdn_fused is always warp-specialised: its default partition, the state, is a warpgroup per 64 value rows of its V
-# tile (BV / 16 warps, the kernel's num_warps), beside FUSED_ROLE_WARPS more (aux 4, load 2, norms 2). A variant's
-# num_warps counts them all (16 at BV = 128, 12 at BV = 64); setmaxnreg moves registers between the partitions.
-FUSED_ROLE_WARPS = 8
+# gdn_fused is always warp-specialised, FUSED_WS_WARPS warps: its default partition, the state, is a warpgroup per 64
+# value rows of its V tile (BV / 16 warps, the kernel's num_warps), beside 128 / BV aux warpgroups and the load and
+# norms warps (2 + 2); 65536 / (32 * 16) = 128 registers a thread on average (setmaxnreg moves them).
+FUSED_WS_WARPS = 16
 # A gdn_prepare variant with this many warps is the warp-specialised prepare (prepare_sm90_ws.py, prepare_sm100_ws.py):
 # an 8-warp writer partition (the kernel's num_warps, PREPARE_WS_DEFAULT), a 4-warp aux and a 4-warp load partition.
 PREPARE_WS_WARPS = 16
@@ -68,10 +68,10 @@ _SCAN_WS = WarpSpecialization(SCAN_WS_WARPS, 4)
 
 
 def _fused_ws(v: Variant) -> WarpSpecialization:
-    ws = WarpSpecialization(v.BV // 16 + FUSED_ROLE_WARPS, v.BV // 16)
+    ws = WarpSpecialization(FUSED_WS_WARPS, v.BV // 16)
     if not ws.applies(v):
-        raise ValueError(f"gdn_fused at BV = {v.BV} runs {ws.warps} warps ({ws.default_warps} for the state, "
-                         f"{FUSED_ROLE_WARPS} for the other roles), not num_warps = {v.num_warps}")
+        raise ValueError(f"gdn_fused runs {FUSED_WS_WARPS} warps (the state's BV / 16 and the other roles'), not "
+                         f"num_warps = {v.num_warps}")
     return ws
 
 
@@ -125,4 +125,4 @@ KERNELS: dict[str, KernelDef] = {kd.name: kd for kd in (GDN_PREPARE, GDN_SCAN, G
 # bits of the kernels' `flags` argument (the launcher ABI's, loader/abi.py): PREPARE_L2NORM, SCAN_HAS_H0, ...
 globals().update(abi.FLAGS)
 
-__all__ = ["KERNELS", "KernelDef", "Variant", "SCAN_WS_WARPS", "FUSED_ROLE_WARPS", "PREPARE_WS_WARPS", *abi.FLAGS]
+__all__ = ["KERNELS", "KernelDef", "Variant", "SCAN_WS_WARPS", "FUSED_WS_WARPS", "PREPARE_WS_WARPS", *abi.FLAGS]

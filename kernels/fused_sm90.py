@@ -19,20 +19,23 @@ L2 norms of the q and k rows (1 without FUSED_L2NORM), gam = cumsum(g) and gl = 
 v_new is one product: v^T (ldmatrix from its TMA tile) and the scaled kh are summed in registers and enter the
 tensor cores once, so the critical path S -> kh -> v_new -> S has three products, not four. The attention
 scale rides on rq (the norms partition's one multiply a row) rather than on P (the aux partition's one an entry).
-Partitions, BV / 16 + 8 warps (registers a thread by setmaxnreg; the kernel is compiled at a full register file):
+Partitions, 16 warps (registers a thread by setmaxnreg; the kernel is compiled at 128, a full register file):
   * state, the default partition: BV / 64 warpgroups; at BV = 128 (2048 - 4 * AUX_REGS - 4 * LOAD_REGS) / 8 = 192
-    registers (at BV = 64, 256: ptxas's ceiling), a thread's share the same at either BV: S alone is 64 a
-    thread, its bf16 copy (the A operand of S k^T and S q^T) 32, each [V, BT] accumulator 32.
+    registers (at BV = 64, 256: the ceiling), a thread's share the same at either BV: S alone is 64 a thread, its
+    bf16 copy (the A operand of S k^T and S q^T) 32, each [V, BT] accumulator 32.
     With fewer (an aux budget above 104), ptxas serialises every wgmma of the kernel (C7512), and it does the
     same when S q^T is still in flight while v_new's product is issued: S k^T and S q^T are waited on together;
-  * aux, one warpgroup, AUX_REGS: what a chunk needs that does not depend on the state, up to NUM_SLOTS chunks
-    ahead of it: k k^T and q k^T on wgmma (rk is the diagonal of k k^T), the decay matrix, P, the row scalings, and
+  * aux, 128 / BV warpgroups at AUX_REGS: what a chunk needs that does not depend on the state, up to NUM_SLOTS
+    chunks ahead of it: k k^T and q k^T on wgmma (rk is the diagonal of k k^T), the decay matrix, P, the row scalings, and
     Tc by the blocked inverse: the diagonal 16 x 16 blocks in the registers that hold them (their diagonal 8 x 8
     quarters by forward substitution in fp32 with warp shuffles, the third quarter by two fp16 mma.sync), then fp16
     wgmma in three round trips whose A operands are registers (the accumulator's own, converted in place) or a
     staged tile, their B operands staged fp16 tiles. Two products are in flight at once only where all their
     operands are in shared memory: with a register A operand, the second accumulator needs more registers than the
-    partition has, and ptxas then serialises every wgmma of the kernel (C7512);
+    partition has, and ptxas then serialises every wgmma of the kernel (C7512). A chunk's terms are a latency chain
+    (about 2.8 us on an H100, the state's chunk 1.3-1.5 us at BV = 64) and independent of every other chunk's, so
+    at BV = 64, where half the state's registers are free, two aux partitions take every other chunk each, two
+    chains in flight (at BV = 128 the state's 8 x 192 registers leave room for one);
   * load, LOAD_WARPS warps at LOAD_REGS: TMA of the q, k, v tiles through per-sequence descriptors whose row
     bound is the sequence's length (a chunk's tail is zero-filled and never reads the next sequence) and the
     chunk's gates (gam = cumsum(g) by a warp scan), a chunk ahead of the tiles;
@@ -49,7 +52,8 @@ partition barrier between an arrive and the partition's next shared-memory acces
 arrives only on the terms' ready barrier, and the sm_90a state partition once a chunk, on the input slot's empty
 barrier, which stands for its terms and rq too.
 Shared memory at BV = 128 (188 KB of the 227 KB a CTA may have): inputs 2 x 48 KB, terms 2 x 18 KB, the inverse's
-four fp16 tiles 32 KB, o staging 16 KB; at BV = 64, 164 KB (the v tiles and o staging halve); one program an SM.
+four fp16 tiles 32 KB (an aux partition's), o staging 16 KB; at BV = 64, 196 KB (the v tiles and o staging halve,
+two aux partitions' inverse tiles); one program an SM.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -680,15 +684,22 @@ def publish_key_norms(gates, c, kk, l2norm):
 
 
 @gluon.jit
-def _aux_partition(inputs, gates, terms, inverse, q_desc, seq_len, flags):
-    """The state-independent terms of every chunk (see the module docstring), into the terms ring."""
+def _aux_partition(inputs, gates, terms, inverse, q_desc, seq_len, flags, first: gl.constexpr,
+                   stride: gl.constexpr):
+    """The state-independent terms of chunks first, first + stride, ... (see the module docstring), into the terms
+    ring: every chunk with stride 1; at BV = 64 two of these partitions take every other chunk each, so that two
+    chunks' latency chains overlap (a chunk's terms never depend on another chunk's)."""
     BT: gl.constexpr = q_desc.block_type.shape[0]
     dtype: gl.constexpr = q_desc.block_type.element_ty
     acc_tt: gl.constexpr = wgmma_layout(BT, BT, 4)
     rows: gl.constexpr = gl.SliceLayout(1, acc_tt)
     cols: gl.constexpr = gl.SliceLayout(0, acc_tt)
     zero = gl.zeros([BT, BT], gl.float32, acc_tt)
-    for c in range(gl.cdiv(seq_len, BT)):
+    for c in range(first, gl.cdiv(seq_len, BT), stride):
+        if stride == NUM_SLOTS:
+            # each chunk of this partition takes the same slot: as a constant the slot's tiles' descriptors were
+            # hoisted out of the loop and spilled (23 reloads a chunk)
+            c = loop_variant(c, c)
         slot = c % NUM_SLOTS
         inputs.bars.wait_ready(c)
         q_s = inputs.q.index(slot)
@@ -881,18 +892,27 @@ def fused_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0, ht, state_ind
     gate_source = GateSource.make(g + i_hv, beta + i_hv, A_log, dt_bias, i_hv, flags, GATING, GATE_IN_KERNEL)
     q_desc, k_desc, v_desc, o_desc, gate_source = head_tiles(q, k, v, o, gate_source, bos, seq_len, i_h, i_hv, i_v,
                                                              H, HV, K, V, BV, BT)
-    # --- shared memory: the three rings, the inverse's fp16 operand tiles, the output staging tile
+    # --- shared memory: the three rings, the inverse's fp16 operand tiles (one set an aux partition), the output
+    # staging tile
     inputs, gates, terms = chunk_rings(q_desc, k_desc, v_desc)
-    inverse = InverseScratch.make(BT)
     o_stage = gl.allocate_shared_memory(dtype, [BT, BV], o_desc.layout)
     checkpoints = Checkpoints(state_checkpoints, checkpoint_rows, checkpoint_cu_starts, checkpoint_every_n_tokens, HV,
                               BT, V, TRANSPOSE_STATE, CHECKPOINTS, HEAD_MAJOR)
-
-    state = gl.warp_specialize([
-        (_state_partition, (state, inputs, terms, o_desc, o_stage, seq_len, checkpoints)),
-        (_aux_partition, (inputs, gates, terms, inverse, q_desc, seq_len, flags)),
-        (_load_partition, (inputs, gates, terms, q_desc, k_desc, v_desc, gate_source, seq_len, HV)),
-        (_norms_partition, (inputs, terms, q_desc, seq_len, scale, flags, True)),
-    ], [4, LOAD_WARPS, NORMS_WARPS], [AUX_REGS, LOAD_REGS, LOAD_REGS])[0]
+    if BV == 64:  # the registers of a second state warpgroup hold a second aux partition (module docstring)
+        even, odd = InverseScratch.make(BT), InverseScratch.make(BT)
+        state = gl.warp_specialize([
+            (_state_partition, (state, inputs, terms, o_desc, o_stage, seq_len, checkpoints)),
+            (_aux_partition, (inputs, gates, terms, even, q_desc, seq_len, flags, 0, 2)),
+            (_aux_partition, (inputs, gates, terms, odd, q_desc, seq_len, flags, 1, 2)),
+            (_load_partition, (inputs, gates, terms, q_desc, k_desc, v_desc, gate_source, seq_len, HV)),
+            (_norms_partition, (inputs, terms, q_desc, seq_len, scale, flags, True)),
+        ], [4, 4, LOAD_WARPS, NORMS_WARPS], [AUX_REGS, AUX_REGS, LOAD_REGS, LOAD_REGS])[0]
+    else:
+        state = gl.warp_specialize([
+            (_state_partition, (state, inputs, terms, o_desc, o_stage, seq_len, checkpoints)),
+            (_aux_partition, (inputs, gates, terms, InverseScratch.make(BT), q_desc, seq_len, flags, 0, 1)),
+            (_load_partition, (inputs, gates, terms, q_desc, k_desc, v_desc, gate_source, seq_len, HV)),
+            (_norms_partition, (inputs, terms, q_desc, seq_len, scale, flags, True)),
+        ], [4, LOAD_WARPS, NORMS_WARPS], [AUX_REGS, LOAD_REGS, LOAD_REGS])[0]
     store_state_tile(ht, gl.permute(state, [1, 0]), slot, i_hv, i_v, HV, ((flags & STORE_HT) != 0) & (slot >= 0),
                      K, V, BV, TRANSPOSE_STATE)

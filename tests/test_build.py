@@ -38,7 +38,7 @@ def test_every_written_kernel_built(tiny_build, kernel, arch):
     entries = tiny_build.require(arch, kernel)
     # tiny.yaml: both state layouts of gdn_scan, each also warp-specialised, one bf16-state scan, and with
     # checkpoints (the warp-specialised ones and, on sm_90a, one 4-warp scan, on sm_100a both 4-warp ones); gdn_fused
-    # in both layouts and with checkpoints in one, on sm_90a also at BV 64 (12 warps); on sm_90a and sm_100a
+    # in both layouts and with checkpoints in one, on sm_90a also at BV 64; on sm_90a and sm_100a
     # gdn_prepare also warp-specialised; sm_103a one variant per kernel, and the warp-specialised scan
     expected = {"sm_90a": {"gdn_prepare": 2, "gdn_scan": 4 + 1 + 3, "gdn_fused": 3 + 1},
                 "sm_100a": {"gdn_prepare": 2, "gdn_scan": 4 + 1 + 4, "gdn_fused": 3},

@@ -147,19 +147,21 @@ def test_fused_alone_takes_its_64_row_tile_for_one_wave():
     """A configuration gdn_fused serves alone, built at BV 64 and 128: BV 64 (two programs a value head) while
     num_seqs * HV * 2 fits the SMs, BV 128 beyond; the same rows when the spec names every class (the two-kernel
     variants are then unused); a spec sending some classes to gdn_fused gives it its largest BV."""
-    fused = dict(variant("gdn_fused", bv, bv // 16 + 8) for bv in (64, 128))
+    fused = dict(variant("gdn_fused", bv, 16) for bv in (64, 128))
     alone = build_table({}, fused, USES)
-    assert [(r["class"], r["bound"], r["num"], r["den"], r["kernels"]["gdn_fused"].split(".")[-1]) for r in alone] \
-        == [("single_wave", "le", 1, 2, "w12s1"), ("default", "any", 0, 1, "w16s1")]
-    for programs, sm_count, bv in ((66, 132, 64), (67, 132, 128), (1, 132, 64), (66, 131, 128)):
-        assert select(alone, config(), programs, sm_count)["kernels"]["gdn_fused"].endswith(f"bv{bv}.varlen.kv"
-                                                                                          f".w{bv // 16 + 8}s1")
+    def bv(row):
+        return fused[row["kernels"]["gdn_fused"]]["axes"]["BV"]
+
+    assert [(r["class"], r["bound"], r["num"], r["den"], bv(r)) for r in alone] \
+        == [("single_wave", "le", 1, 2, 64), ("default", "any", 0, 1, 128)]
+    for programs, sm_count, want in ((66, 132, 64), (67, 132, 128), (1, 132, 64), (66, 131, 128)):
+        assert bv(select(alone, config(), programs, sm_count)) == want
     every = {**QWEN_SM90, "gdn_fused": {"classes": ["single_wave", "small_batch", "default"]}}
     assert build_table(every, {**qwen_sm90_variants(transposes=(False,)), **fused}, USES) == alone
     some = {**QWEN_SM90, "gdn_fused": {"classes": ["default"]}}
     rows = build_table(some, {**qwen_sm90_variants(transposes=(False,)), **fused}, USES)
     assert [r["route"] for r in rows] == ["prepare_scan", "prepare_scan", "fused"]
-    assert rows[-1]["kernels"]["gdn_fused"].endswith("w16s1")
+    assert bv(rows[-1]) == 128
 
 
 def functional_variants() -> dict:

@@ -33,7 +33,8 @@ REQUIRED = [
 # warp-specialised one) and the Blackwell gdn_fused's aux partition invert the chunk's four 16 x 16 diagonal blocks
 # with warp-level tf32 MMAs, one block a warp (3 squaring rounds x 2 products x 3 tf32 parts (hi hi, hi lo, lo hi)
 # x 4 m16n8k8); the sm_90a gdn_fused and warp-specialised gdn_prepare take two fp16 m16n8k8 a block (the lower-left
-# quarter of its inverse, fused_sm90.FORWARD_SUBSTITUTION) and do the rest on wgmma; every other product runs on
+# quarter of its inverse, fused_sm90.FORWARD_SUBSTITUTION) and do the rest on wgmma (gdn_fused at BV 64 has two aux
+# partitions, so two copies of that code); every other product runs on
 # wgmma (HGMMA) or tcgen05 (UTCHMMA).
 EXPECTED_HMMA = {"gdn_prepare": 72, "gdn_scan": 0, "gdn_fused": 72, ("sm_90a", "gdn_fused"): 2,
                  WARP_SPECIALIZED_PREPARE: 2}
@@ -65,6 +66,8 @@ def test_hardware_path(tiny_build, arch, kernel, warps, family):
         assert e["sass"][family] > 0, f"{key}: no {family} in its SASS ({e['sass']})"
         expected = EXPECTED_HMMA.get((arch, kernel, e["num_warps"]),
                                      EXPECTED_HMMA.get((arch, kernel), EXPECTED_HMMA[kernel]))
+        if (arch, kernel) == ("sm_90a", "gdn_fused"):
+            expected *= 128 // e["axes"]["BV"]  # its aux partitions
         assert e["sass"]["HMMA"] == expected, f"{key}: HMMA (the pre-Hopper tensor-core path) count"
 
 
@@ -95,8 +98,8 @@ def test_spill_free(tiny_build, arch, kernel):
     state, two async MMA accumulators and the next chunk's row data at the 255-register ceiling, and parks a few
     values that only the final-state store after the chunk loop needs. (Not every variant of the full specs meets
     this: specs/qwen35.yaml's sm_90a BV = 128 scans reload one spilled value a chunk, and so do
-    specs/fused-preview.yaml's varlen gating sm_90a gdn_fused variants; `gdn-aot inspect` shows LDL_in_loop per
-    variant.)"""
+    specs/fused-preview.yaml's varlen gating sm_90a gdn_fused variants; its BV = 64 ones reload 0-7 in each of their
+    two aux loops (0 in tiny's [V, K] one); `gdn-aot inspect` shows LDL_in_loop per variant.)"""
     for key, e in tiny_build.require(arch, kernel).items():
         assert e["sass"]["STL_in_loop"] == 0 and e["sass"]["LDL_in_loop"] == 0, (key, e["sass"])
         assert e["resources"]["stack"] <= 32, (key, e["resources"])

@@ -185,10 +185,10 @@ def test_shipped_specs_enumerate():
         ("sm_100a", "gdn_scan", 64, 16, False), ("sm_100a", "gdn_scan", 64, 16, True),
         ("sm_90a", "gdn_fused", 128, 16, False), ("sm_100a", "gdn_fused", 128, 16, False)}
     f = load_spec(REPO / "specs" / "fused-preview.yaml")  # every configuration, the one-kernel route only
-    # with and without gating; with checkpoints for varlen batches; sm_90a at BV 64 (12 warps) and 128 (16)
+    # with and without gating; with checkpoints for varlen batches; sm_90a at BV 64 and 128
     assert len(f.variants) == 144 and {v.kernel for v in f.variants} == {"gdn_fused"}
     assert sum(v.checkpoints for v in f.variants) == 48 and all(v.varlen for v in f.variants if v.checkpoints)
-    assert all(v.num_warps == v.BV // 16 + 8 and v.BT == 64 for v in f.variants)
+    assert all(v.num_warps == 16 and v.BT == 64 for v in f.variants)
     assert {(v.arch, v.BV) for v in f.variants} == {("sm_90a", 64), ("sm_90a", 128), ("sm_100a", 128),
                                                     ("sm_103a", 128)}
     assert {v.dtype for v in t.variants} == {"bf16"}
