@@ -25,7 +25,7 @@ Partitions, 16 warps (registers a thread by setmaxnreg; the kernel is compiled a
     bf16 copy (the A operand of S k^T and S q^T) 32, each [V, BT] accumulator 32.
     With fewer (an aux budget above 104), ptxas serialises every wgmma of the kernel (C7512), and it does the
     same when S q^T is still in flight while v_new's product is issued: S k^T and S q^T are waited on together;
-  * aux, 128 / BV warpgroups at AUX_REGS: what a chunk needs that does not depend on the state, up to NUM_SLOTS
+  * aux, 128 / BV warpgroups at AUX_REGS (AUX_PAIR_REGS for two): what a chunk needs that does not depend on the state, up to NUM_SLOTS
     chunks ahead of it: k k^T and q k^T on wgmma (rk is the diagonal of k k^T), the decay matrix, P, the row scalings, and
     Tc by the blocked inverse: the diagonal 16 x 16 blocks in the registers that hold them (their diagonal 8 x 8
     quarters by forward substitution in fp32 with warp shuffles, the third quarter by two fp16 mma.sync), then fp16
@@ -75,6 +75,9 @@ GATE_IN_KERNEL = gl.constexpr(_GATE_IN_KERNEL)
 
 NUM_SLOTS = gl.constexpr(2)
 AUX_REGS = gl.constexpr(104)
+# at BV = 64 each of the two aux partitions: 4 * 232 (the 64-row state) + 8 * 128 + 4 * 24 = 2048, a full register
+# file (at 104, as one aux partition beside the 128-row state, they reloaded 0-7 spilled values a chunk; at 128 none)
+AUX_PAIR_REGS = gl.constexpr(128)
 LOAD_REGS = gl.constexpr(24)
 LOAD_WARPS = gl.constexpr(2)
 NORMS_WARPS = gl.constexpr(2)
@@ -906,7 +909,7 @@ def fused_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0, ht, state_ind
             (_aux_partition, (inputs, gates, terms, odd, q_desc, seq_len, flags, 1, 2)),
             (_load_partition, (inputs, gates, terms, q_desc, k_desc, v_desc, gate_source, seq_len, HV)),
             (_norms_partition, (inputs, terms, q_desc, seq_len, scale, flags, True)),
-        ], [4, 4, LOAD_WARPS, NORMS_WARPS], [AUX_REGS, AUX_REGS, LOAD_REGS, LOAD_REGS])[0]
+        ], [4, 4, LOAD_WARPS, NORMS_WARPS], [AUX_PAIR_REGS, AUX_PAIR_REGS, LOAD_REGS, LOAD_REGS])[0]
     else:
         state = gl.warp_specialize([
             (_state_partition, (state, inputs, terms, o_desc, o_stage, seq_len, checkpoints)),

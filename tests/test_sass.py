@@ -98,8 +98,8 @@ def test_spill_free(tiny_build, arch, kernel):
     state, two async MMA accumulators and the next chunk's row data at the 255-register ceiling, and parks a few
     values that only the final-state store after the chunk loop needs. (Not every variant of the full specs meets
     this: specs/qwen35.yaml's sm_90a BV = 128 scans reload one spilled value a chunk, and so do
-    specs/fused-preview.yaml's varlen gating sm_90a gdn_fused variants; its BV = 64 ones reload 0-7 in each of their
-    two aux loops (0 in tiny's [V, K] one); `gdn-aot inspect` shows LDL_in_loop per variant.)"""
+    specs/fused-preview.yaml's varlen gating sm_90a gdn_fused variants at BV = 128; `gdn-aot inspect` shows
+    LDL_in_loop per variant.)"""
     for key, e in tiny_build.require(arch, kernel).items():
         assert e["sass"]["STL_in_loop"] == 0 and e["sass"]["LDL_in_loop"] == 0, (key, e["sass"])
         assert e["resources"]["stack"] <= 32, (key, e["resources"])
