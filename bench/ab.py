@@ -4,6 +4,7 @@ in alternation (timing.timed_alternating, so that clock drift reaches every set 
 
     python3 bench/ab.py ROOT_A ROOT_B [ROOT_C ...] --family gdn_scan --cases 1x8192,4096+4096,1x65536@32
     python3 bench/ab.py ROOT_A ROOT_B --family gdn_prepare --warps 16 --cases 1x8192,32x8192
+    python3 bench/ab.py ROOT [ROOT_B ...] --family gdn_fused --reference --cases 1x8192,1x65536
 
 A root is what `gdn-aot build SPEC --arch sm_90 --out ROOT` wrote; a spec with only the variants compared builds in
 seconds (for gdn_scan, add a varlen bf16 gdn_prepare: the scan's inputs come from it). Compared are each root's
@@ -14,7 +15,10 @@ kernel; cases as bench.py's (NxL, L1+L2+..., optionally @HV). Prints, per case a
 the first root's time over it (> 1: faster than the first), and each output's max |diff| / max |first root's|,
 whether all outputs are bitwise equal, and their NaN count; with --reference (gdn_scan), also each root's o and
 final state against the reference forward (tests/reference.py: fp64 recurrence for small cases, fp32 chunked on the
-GPU for large ones), as max |diff| / max |reference|. A kernel still running 30 s after its first launch is reported
+GPU for large ones), as max |diff| / max |reference|. gdn_fused (its [K, V] fp32 variants without checkpoints, a
+group per BV) compares every BV of every root with the first root's largest, in one line a case: whether its V tiles
+compute the same bits (what lets a dispatch table mix them and stay batch invariant), and what each tile costs;
+one root is enough, and --reference applies too. A kernel still running 30 s after its first launch is reported
 by name and ends the run (timing.finish_or_exit: a broken mbarrier protocol hangs, and would hang every later call
 too). Needs a CUDA GPU; select_variants and compare run anywhere.
 """
@@ -30,7 +34,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench import H, K, V, cu_tensors, make_inputs, parse_cases, rel_err  # noqa: E402
 from timing import finish_or_exit, timed_alternating  # noqa: E402
 
-FAMILIES = ("gdn_prepare", "gdn_scan")
+FAMILIES = ("gdn_prepare", "gdn_scan", "gdn_fused")
+WITH_STATE = ("gdn_scan", "gdn_fused")  # the families whose outputs are o and the final state
 BT = 64
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -47,10 +52,16 @@ def select_variants(variants: dict, family: str, warps: int | None, bv: int | No
             continue
         if (warps is not None and e["num_warps"] != warps) or (bv is not None and a["BV"] != bv):
             continue
-        if family == "gdn_scan" and (a["transpose"] or a["state_dtype"] != "fp32" or a["checkpoints"]):
+        if family in WITH_STATE and (a["transpose"] or a["state_dtype"] != "fp32" or a["checkpoints"]):
             continue
-        out.setdefault(a["BV"] if family == "gdn_scan" else e["num_warps"], key)
+        out.setdefault(a["BV"] if family in WITH_STATE else e["num_warps"], key)
     return out
+
+
+def fused_sets(names: list, chosen: list) -> list[tuple[str, int, str]]:
+    """(label, BV, key) of every gdn_fused variant to compare: each root's BVs, largest first, so that the first
+    is the first root's largest BV, the reference of the comparison."""
+    return [(f"{name}/BV{bv}", bv, keys[bv]) for name, keys in zip(names, chosen) for bv in sorted(keys, reverse=True)]
 
 
 def compare(outputs: list, first: list) -> tuple[list[float], bool, int]:
@@ -120,6 +131,21 @@ class Inputs:
         return call
 
 
+def fused_call(x, kernel, BV, outs, stream):
+    """A no-argument launch of gdn_fused `kernel` (V tiles of BV) on inputs x into outs (o, ht)."""
+    from gdn_aot.kernels import FUSED_HAS_H0, FUSED_L2NORM, FUSED_STORE_HT
+
+    grid = (x.N, x.HV, V // BV)
+    scratch = torch.empty(max(kernel.scratch_bytes(grid), 1), device=x.q.device, dtype=torch.uint8)
+    o, ht = outs
+
+    def call():
+        kernel.launch(grid, stream, x.q.data_ptr(), x.k.data_ptr(), x.v.data_ptr(), x.g.data_ptr(), x.beta.data_ptr(),
+                      0, 0, x.cu.data_ptr(), x.h0.data_ptr(), ht.data_ptr(), 0, o.data_ptr(), K ** -0.5, x.T, H, x.HV,
+                      FUSED_L2NORM | FUSED_HAS_H0 | FUSED_STORE_HT, 0, 0, 0, 0, scratch_ptr=scratch.data_ptr())
+    return call
+
+
 def _line(label, names, ms, checks):
     times = "  ".join(f"{n}: {m * 1e3:9.1f} us" for n, m in zip(names, ms))
     ratios = " ".join(f"{ms[0] / m:.3f}" for m in ms[1:])
@@ -136,6 +162,37 @@ def scan_inputs(x, artifacts, prep, label, stream):
     return prepared
 
 
+def case_inputs(case, reps, reference):
+    """(inputs, alternating rounds, reference (o, ht) or None) of a case: a third of the rounds for the largest."""
+    x = Inputs(case.lens, case.HV)
+    return x, max(5, reps // 3) if x.T * x.HV > 2 ** 21 else reps, reference_forward(x) if reference else None
+
+
+def _reference_line(labels, ref, outs):
+    return f"{'':<24} against the reference: " + "; ".join(
+        f"{n}: o {eo:.2e} ht {eh:.2e}" for n, (eo, eh) in zip(labels, reference_errors(ref, outs)))
+
+
+def run_fused(sets, names, chosen, cases, reps, reference, stream):
+    """One line a case: every (root, BV) gdn_fused variant against the first (fused_sets)."""
+    compared = fused_sets(names, chosen)
+    labels = [label for label, _, _ in compared]
+    by_name = dict(zip(names, sets))
+    for case in cases:
+        x, n_reps, ref = case_inputs(case, reps, reference)
+        calls, outs = [], []
+        for (label, bv, key), name in zip(compared, (label.split("/")[0] for label in labels)):
+            out = [torch.full_like(x.v, float("nan")), torch.full_like(x.h0, float("nan"))]
+            calls.append(fused_call(x, by_name[name].kernel(key), bv, out, stream))
+            calls[-1]()
+            finish_or_exit(f"{label} {key} on {case.id}")
+            outs.append(out)
+        ms = timed_alternating(calls, n_reps)
+        print(_line(case.id, labels, ms, [compare(o, outs[0]) for o in outs[1:]]), flush=True)
+        if ref is not None:
+            print(_reference_line(labels, ref, outs), flush=True)
+
+
 def run(roots, family, warps, cases, reps, reference=False, bv=None):
     from gdn_aot.loader.runtime import Artifacts
 
@@ -144,16 +201,16 @@ def run(roots, family, warps, cases, reps, reference=False, bv=None):
     sets = [Artifacts.for_device(dev, root=r) for r in roots]
     names = [os.path.basename(os.path.normpath(r)) for r in roots]
     chosen = [select_variants(s.manifest.variants, family, warps, bv) for s in sets]
-    groups = sorted(set(chosen[0]).intersection(*chosen[1:]))
+    groups = sorted(set().union(*chosen) if family == "gdn_fused" else set(chosen[0]).intersection(*chosen[1:]))
     if not groups:
         raise SystemExit(f"no {family} variant to compare: {[sorted(c) for c in chosen]} (groups per root)")
+    if family == "gdn_fused":
+        return run_fused(sets, names, chosen, cases, reps, reference, stream)
     preps = [select_variants(s.manifest.variants, "gdn_prepare", None) for s in sets]
     if family == "gdn_scan" and not all(preps):
         raise SystemExit(f"{roots[preps.index({})]} has no varlen bf16 gdn_prepare to make the scan's inputs")
     for case in cases:
-        x = Inputs(case.lens, case.HV)
-        n_reps = max(5, reps // 3) if x.T * x.HV > 2 ** 21 else reps
-        ref = reference_forward(x) if reference and family == "gdn_scan" else None
+        x, n_reps, ref = case_inputs(case, reps, reference and family == "gdn_scan")
         prepared = [scan_inputs(x, s, p, f"{n} {p[max(p)]} on {case.id}", stream)
                     for n, s, p in zip(names, sets, preps)] if family == "gdn_scan" else None
         for group in groups:
@@ -174,9 +231,7 @@ def run(roots, family, warps, cases, reps, reference=False, bv=None):
             label = f"{case.id} {'BV' if family == 'gdn_scan' else 'w'}{group}"
             print(_line(label, names, ms, checks), flush=True)
             if ref is not None:
-                errs = reference_errors(ref, outs)
-                print(f"{'':<24} against the reference: " + "; ".join(
-                    f"{n}: o {eo:.2e} ht {eh:.2e}" for n, (eo, eh) in zip(names, errs)), flush=True)
+                print(_reference_line(names, ref, outs), flush=True)
 
 
 def main(argv=None):
@@ -188,11 +243,11 @@ def main(argv=None):
                    "round, e.g. for ncu)")
     p.add_argument("--cases", default="1x8192,4096+4096,1x8192@64,1x65536")
     p.add_argument("--reps", type=int, default=30, help="alternating rounds (a third for the largest cases)")
-    p.add_argument("--reference", action="store_true", help="gdn_scan: also each root's errors against the "
-                   "reference forward")
+    p.add_argument("--reference", action="store_true", help="gdn_scan, gdn_fused: also each root's errors against "
+                   "the reference forward")
     args = p.parse_args(argv)
-    if len(args.roots) < 2:
-        p.error("give at least two artifact roots")
+    if len(args.roots) < 2 and args.family != "gdn_fused":
+        p.error("give at least two artifact roots (gdn_fused: one, whose BVs are compared)")
     if not torch.cuda.is_available():
         p.error("needs a CUDA GPU")
     run(args.roots, args.family, args.warps, parse_cases(args.cases), args.reps, args.reference, args.bv)

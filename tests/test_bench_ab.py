@@ -31,6 +31,10 @@ VARIANTS = {
     "prepare.w4": _variant("gdn_prepare", 4),
     "prepare.w4.gating": _variant("gdn_prepare", 4, gating=True),
     "prepare.w16": _variant("gdn_prepare", 16),
+    "fused.bv64": _variant("gdn_fused", 16, BV=64),
+    "fused.bv128": _variant("gdn_fused", 16),
+    "fused.bv128.vk": _variant("gdn_fused", 16, transpose=True),
+    "fused.bv128.ckpt": _variant("gdn_fused", 16, checkpoints=True),
 }
 
 
@@ -48,6 +52,16 @@ def test_select_prepare_variants_by_warps():
     assert ab.select_variants(VARIANTS, "gdn_prepare", 16) == {16: "prepare.w16"}
 
 
+def test_fused_compares_every_bv_of_every_root_with_the_first_root_s_largest():
+    """gdn_fused: a group per BV of the [K, V] fp32 variants without checkpoints; the compared list starts with the
+    first root's largest BV (the reference of the bitwise check), then its other BVs, then the next root's."""
+    chosen = ab.select_variants(VARIANTS, "gdn_fused", None)
+    assert chosen == {64: "fused.bv64", 128: "fused.bv128"}
+    assert ab.fused_sets(["A"], [chosen]) == [("A/BV128", 128, "fused.bv128"), ("A/BV64", 64, "fused.bv64")]
+    assert [label for label, _, _ in ab.fused_sets(["A", "B"], [{128: "a"}, chosen])] == ["A/BV128", "B/BV128",
+                                                                                          "B/BV64"]
+
+
 def test_select_from_a_real_manifest(tiny_build):
     """tiny.yaml's sm_90a scans: the [K, V] fp32 variants without checkpoints, BV 32 at 4 warps, 64 at 16."""
     variants = tiny_build.manifest("sm_90a")["variants"]
@@ -57,6 +71,7 @@ def test_select_from_a_real_manifest(tiny_build):
     e = variants[chosen[64]]
     assert (e["num_warps"], e["axes"]["transpose"], e["axes"]["checkpoints"]) == (16, False, False)
     assert set(ab.select_variants(variants, "gdn_prepare", None)) == {4, 16}
+    assert set(ab.select_variants(variants, "gdn_fused", None)) == {64, 128}  # sm_90a's V tiles
 
 
 def test_compare():
