@@ -21,21 +21,21 @@ tensor cores once, so the critical path S -> kh -> v_new -> S has three products
 scale rides on rq (the norms partition's one multiply a row) rather than on P (the aux partition's one an entry).
 Partitions, 16 warps (registers a thread by setmaxnreg; the kernel is compiled at 128, a full register file):
   * state, the default partition: BV / 64 warpgroups; at BV = 128 (2048 - 4 * AUX_REGS - 4 * LOAD_REGS) / 8 = 192
-    registers (at BV = 64, 256: the ceiling), a thread's share the same at either BV: S alone is 64 a thread, its
-    bf16 copy (the A operand of S k^T and S q^T) 32, each [V, BT] accumulator 32.
+    registers (at BV = 64, 232, beside two aux partitions), a thread's share the same at either BV: S alone is 64 a
+    thread, its bf16 copy (the A operand of S k^T and S q^T) 32, each [V, BT] accumulator 32.
     With fewer (an aux budget above 104), ptxas serialises every wgmma of the kernel (C7512), and it does the
     same when S q^T is still in flight while v_new's product is issued: S k^T and S q^T are waited on together;
-  * aux, 128 / BV warpgroups at AUX_REGS (AUX_PAIR_REGS for two): what a chunk needs that does not depend on the state, up to NUM_SLOTS
-    chunks ahead of it: k k^T and q k^T on wgmma (rk is the diagonal of k k^T), the decay matrix, P, the row scalings, and
-    Tc by the blocked inverse: the diagonal 16 x 16 blocks in the registers that hold them (their diagonal 8 x 8
-    quarters by forward substitution in fp32 with warp shuffles, the third quarter by two fp16 mma.sync), then fp16
-    wgmma in three round trips whose A operands are registers (the accumulator's own, converted in place) or a
-    staged tile, their B operands staged fp16 tiles. Two products are in flight at once only where all their
-    operands are in shared memory: with a register A operand, the second accumulator needs more registers than the
-    partition has, and ptxas then serialises every wgmma of the kernel (C7512). A chunk's terms are a latency chain
-    (about 2.8 us on an H100, the state's chunk 1.3-1.5 us at BV = 64) and independent of every other chunk's, so
-    at BV = 64, where half the state's registers are free, two aux partitions take every other chunk each, two
-    chains in flight (at BV = 128 the state's 8 x 192 registers leave room for one);
+  * aux, 128 / BV warpgroups at AUX_REGS (AUX_PAIR_REGS for two): what a chunk needs that does not depend on the
+    state, up to NUM_SLOTS chunks ahead of it: k k^T and q k^T on wgmma (rk is the diagonal of k k^T), the decay
+    matrix, P, the row scalings, and Tc by the blocked inverse: the diagonal 16 x 16 blocks in the registers that
+    hold them (their diagonal 8 x 8 quarters by forward substitution in fp32 with warp shuffles, the third quarter
+    by two fp16 mma.sync), then fp16 wgmma in three round trips whose A operands are registers (the accumulator's
+    own, converted in place) or a staged tile, their B operands staged fp16 tiles. Two products are in flight at
+    once only where all their operands are in shared memory: with a register A operand, the second accumulator needs
+    more registers than the partition has, and ptxas then serialises every wgmma of the kernel (C7512). A chunk's
+    terms are a latency chain (about 2.8 us on an H100, the state's chunk 1.3-1.5 us at BV = 64) and independent of
+    every other chunk's, so at BV = 64, where half the state's registers are free, two aux partitions take every
+    other chunk each, two chains in flight (at BV = 128 the state's 8 x 192 registers leave room for one);
   * load, LOAD_WARPS warps at LOAD_REGS: TMA of the q, k, v tiles through per-sequence descriptors whose row
     bound is the sequence's length (a chunk's tail is zero-filled and never reads the next sequence) and the
     chunk's gates (gam = cumsum(g) by a warp scan), a chunk ahead of the tiles;
