@@ -58,10 +58,11 @@ def select_variants(variants: dict, family: str, warps: int | None, bv: int | No
     return out
 
 
-def fused_sets(names: list, chosen: list) -> list[tuple[str, int, str]]:
-    """(label, BV, key) of every gdn_fused variant to compare: each root's BVs, largest first, so that the first
-    is the first root's largest BV, the reference of the comparison."""
-    return [(f"{name}/BV{bv}", bv, keys[bv]) for name, keys in zip(names, chosen) for bv in sorted(keys, reverse=True)]
+def fused_sets(names: list, chosen: list) -> list[tuple[str, int, int, str]]:
+    """(label, root index, BV, key) of every gdn_fused variant to compare: each root's BVs, largest first, so that
+    the first is the first root's largest BV, the reference of the comparison."""
+    return [(f"{name}/BV{bv}", root, bv, keys[bv]) for root, (name, keys) in enumerate(zip(names, chosen))
+            for bv in sorted(keys, reverse=True)]
 
 
 def compare(outputs: list, first: list) -> tuple[list[float], bool, int]:
@@ -176,14 +177,13 @@ def _reference_line(labels, ref, outs):
 def run_fused(sets, names, chosen, cases, reps, reference, stream):
     """One line a case: every (root, BV) gdn_fused variant against the first (fused_sets)."""
     compared = fused_sets(names, chosen)
-    labels = [label for label, _, _ in compared]
-    by_name = dict(zip(names, sets))
+    labels = [label for label, *_ in compared]
     for case in cases:
         x, n_reps, ref = case_inputs(case, reps, reference)
         calls, outs = [], []
-        for (label, bv, key), name in zip(compared, (label.split("/")[0] for label in labels)):
+        for label, root, bv, key in compared:
             out = [torch.full_like(x.v, float("nan")), torch.full_like(x.h0, float("nan"))]
-            calls.append(fused_call(x, by_name[name].kernel(key), bv, out, stream))
+            calls.append(fused_call(x, sets[root].kernel(key), bv, out, stream))
             calls[-1]()
             finish_or_exit(f"{label} {key} on {case.id}")
             outs.append(out)

@@ -57,9 +57,9 @@ def test_fused_compares_every_bv_of_every_root_with_the_first_root_s_largest():
     first root's largest BV (the reference of the bitwise check), then its other BVs, then the next root's."""
     chosen = ab.select_variants(VARIANTS, "gdn_fused", None)
     assert chosen == {64: "fused.bv64", 128: "fused.bv128"}
-    assert ab.fused_sets(["A"], [chosen]) == [("A/BV128", 128, "fused.bv128"), ("A/BV64", 64, "fused.bv64")]
-    assert [label for label, _, _ in ab.fused_sets(["A", "B"], [{128: "a"}, chosen])] == ["A/BV128", "B/BV128",
-                                                                                          "B/BV64"]
+    assert ab.fused_sets(["A"], [chosen]) == [("A/BV128", 0, 128, "fused.bv128"), ("A/BV64", 0, 64, "fused.bv64")]
+    assert [(label, root) for label, root, _, _ in ab.fused_sets(["A", "B"], [{128: "a"}, chosen])] == [
+        ("A/BV128", 0), ("B/BV128", 1), ("B/BV64", 1)]
 
 
 def test_select_from_a_real_manifest(tiny_build):

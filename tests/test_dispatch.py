@@ -148,10 +148,11 @@ def test_fused_alone_takes_its_64_row_tile_for_one_wave():
     num_seqs * HV * 2 fits the SMs, BV 128 beyond; the same rows when the spec names every class (the two-kernel
     variants are then unused); a spec sending some classes to gdn_fused gives it its largest BV."""
     fused = dict(variant("gdn_fused", bv, 16) for bv in (64, 128))
-    alone = build_table({}, fused, USES)
+
     def bv(row):
         return fused[row["kernels"]["gdn_fused"]]["axes"]["BV"]
 
+    alone = build_table({}, fused, USES)
     assert [(r["class"], r["bound"], r["num"], r["den"], bv(r)) for r in alone] \
         == [("single_wave", "le", 1, 2, 64), ("default", "any", 0, 1, 128)]
     for programs, sm_count, want in ((66, 132, 64), (67, 132, 128), (1, 132, 64), (66, 131, 128)):
