@@ -737,9 +737,9 @@ def _aux_partition(inputs, gates, terms, inverse, q_desc, seq_len, flags, first:
 
 
 @gluon.jit
-def _state_partition(state, inputs, terms, o_desc, o_stage, seq_len, checkpoints):
+def _state_partition(state, inputs, terms, o_desc, o_stage, seq_len, checkpoints, i_v):
     """The recurrence and the outputs (see the module docstring); returns the final state S = h^T and writes the
-    checkpoints (S is in no other partition's reach)."""
+    checkpoints of V tile i_v (S is in no other partition's reach)."""
     BT: gl.constexpr = o_desc.block_type.shape[0]
     V: gl.constexpr = state.shape[0]  # the program's BV value rows
     dtype: gl.constexpr = o_desc.block_type.element_ty
@@ -792,7 +792,7 @@ def _state_partition(state, inputs, terms, o_desc, o_stage, seq_len, checkpoints
         gl.thread_barrier()
         tma.async_copy_shared_to_global(o_desc, [c * BT, 0], o_stage)
         # last in the chunk, with o's registers free: S = h^T, written as the [K, V] tile h
-        checkpoints.store_after(gl.permute(state, [1, 0]), c, seq_len, gl.program_id(2))
+        checkpoints.store_after(gl.permute(state, [1, 0]), c, seq_len, i_v)
     tma.store_wait(0)
     return (state, )
 
@@ -904,7 +904,7 @@ def fused_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0, ht, state_ind
     if BV == 64:  # the registers of a second state warpgroup hold a second aux partition (module docstring)
         even, odd = InverseScratch.make(BT), InverseScratch.make(BT)
         state = gl.warp_specialize([
-            (_state_partition, (state, inputs, terms, o_desc, o_stage, seq_len, checkpoints)),
+            (_state_partition, (state, inputs, terms, o_desc, o_stage, seq_len, checkpoints, i_v)),
             (_aux_partition, (inputs, gates, terms, even, q_desc, seq_len, flags, 0, 2)),
             (_aux_partition, (inputs, gates, terms, odd, q_desc, seq_len, flags, 1, 2)),
             (_load_partition, (inputs, gates, terms, q_desc, k_desc, v_desc, gate_source, seq_len, HV)),
@@ -912,7 +912,7 @@ def fused_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0, ht, state_ind
         ], [4, 4, LOAD_WARPS, NORMS_WARPS], [AUX_PAIR_REGS, AUX_PAIR_REGS, LOAD_REGS, LOAD_REGS])[0]
     else:
         state = gl.warp_specialize([
-            (_state_partition, (state, inputs, terms, o_desc, o_stage, seq_len, checkpoints)),
+            (_state_partition, (state, inputs, terms, o_desc, o_stage, seq_len, checkpoints, i_v)),
             (_aux_partition, (inputs, gates, terms, InverseScratch.make(BT), q_desc, seq_len, flags, 0, 1)),
             (_load_partition, (inputs, gates, terms, q_desc, k_desc, v_desc, gate_source, seq_len, HV)),
             (_norms_partition, (inputs, terms, q_desc, seq_len, scale, flags, True)),
