@@ -26,7 +26,7 @@ A spec is one YAML file. Schema (every key optional unless marked *):
     dispatch:                   # per arch: the shape classes and variants of the dispatch table (loader/dispatch.py)
       sm_90a:
         gdn_scan: {default_BV: 128, small_batch_BV: 64, small_batch_factor: 2}
-        gdn_fused: {classes: [default]}   # shape classes gdn_fused takes instead of gdn_prepare + gdn_scan
+        gdn_fused: {above_factor: 0.25}   # gdn_fused above SMs / 4 programs, gdn_prepare + gdn_scan below
 
 An axis value may be a list or a single scalar. Each kernel's variants are the cross product of its axes
 (x arch x num_warps x num_stages) minus the exclusions. An axis the kernel's code does not depend on
@@ -36,9 +36,9 @@ compile to the same cubin. `dispatch` keys: ``default_BV`` (used when the caller
 number, default 2), ``single_wave_warps`` (the variants with this num_warps are preferred, ahead of the rest,
 when one of them runs the batch in one wave of one program an SM: the smallest BV with
 num_seqs * HV * V / BV <= SMs); the BVs named must be among the kernel's BV values, the num_warps among its
-variants'. A kernel that is a route of its own (gdn_fused) takes ``classes``: the shape classes (single_wave,
-small_batch, default) it serves instead of gdn_prepare + gdn_scan; a configuration only it serves needs none
-(and gets a single-wave row per built BV below its largest, loader/dispatch.py).
+variants'. A kernel that is a route of its own (gdn_fused) takes ``above_factor`` (a number >= 0): it serves the
+batches of more than above_factor * SMs programs, gdn_prepare + gdn_scan the rest; a configuration only it serves
+needs none (and gets a single-wave row per built BV below its largest, loader/dispatch.py).
 The build turns these into the dispatch table of the manifest and the launcher (loader/dispatch.py).
 sm_103a is built from the sm_100a sources and, where it has no `launch`/`dispatch` entry of its own, takes
 sm_100a's; exclusions naming sm_100a remove the matching sm_103a variants too (SECTIONS_FROM).
@@ -58,7 +58,7 @@ import yaml
 from ..kernels import KERNELS
 from ..kernels.registry import ARCHES, DTYPES, STATE_DTYPES, Variant, arch_family
 from ..loader.abi import FAMILIES, ROUTES
-from ..loader.dispatch import DEFAULT_SMALL_BATCH_FACTOR, ROUTE_PREFERENCES, SCAN_PREFERENCES, SHAPE_CLASSES
+from ..loader.dispatch import DEFAULT_SMALL_BATCH_FACTOR, ROUTE_PREFERENCES, SCAN_PREFERENCES
 
 AXES = ("K", "V", "BT", "BK", "BV", "dtype", "varlen", "transpose", "state_dtype", "gating", "checkpoints")
 LIST_AXES = AXES[2:]
@@ -355,8 +355,8 @@ class _Parser:
         return out
 
     def preferences(self, kp, kname, prefs, axis_values, built):
-        """One kernel's dispatch preferences: the classes a route kernel (gdn_fused) takes, or gdn_scan-style
-        BV preferences (loader/dispatch.py reads them)."""
+        """One kernel's dispatch preferences: above how many programs an SM a route kernel (gdn_fused) serves, or
+        gdn_scan-style BV preferences (loader/dispatch.py reads them)."""
         if kname not in axis_values:
             raise self.err(kp, f"kernel not in this spec's kernels {sorted(axis_values)}", kname)
         own_route = kname in FAMILIES and ROUTES[FAMILIES[kname].route].families == (kname,)
@@ -365,11 +365,10 @@ class _Parser:
             raise self.err(kp, f"expected a mapping with keys {list(allowed)}", prefs)
         self.keys(prefs, allowed, kp)
         if allowed is ROUTE_PREFERENCES:
-            classes = prefs.get("classes", [])
-            for c in classes if isinstance(classes, list) else [classes]:
-                if c not in SHAPE_CLASSES:
-                    raise self.err(f"{kp}.classes", f"unknown shape class; known: {list(SHAPE_CLASSES)}", c)
-            return {"classes": classes if isinstance(classes, list) else [classes]}
+            x = prefs.get("above_factor")
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or not x >= 0:
+                raise self.err(f"{kp}.above_factor", "expected a number >= 0", x)
+            return {"above_factor": x}
         for key, x in prefs.items():
             if key == "small_batch_factor":
                 if isinstance(x, bool) or not isinstance(x, (int, float)) or not x > 0:

@@ -14,12 +14,13 @@ For each configuration the rows are the shape classes of the two-kernel route (g
   small_batch  (spec: small_batch_BV) bound "lt" small_batch_factor: few programs, a finer V split;
   default      no bound: default_BV (or the largest built BV);
 less any row an earlier one covers on every SM count (specs/qwen35.yaml's sm_90a small_batch, factor 1/2, where
-the BV 64 single-wave row, le 1/2, exists), which would never serve a batch;
-a spec routes classes to gdn_fused (at its largest built BV) with `gdn_fused: {classes: [...]}`, and a
-configuration that gdn_fused serves alone (no two-kernel variants, or every class named) gets gdn_fused's own
-classes: a single_wave row per built BV below the largest, smallest first, bound "le" 1 / (V / BV) (its programs
-at that V tile fit one wave: 64-row programs walk a chunk faster than 128-row ones, and compute the same bits),
-then default at the largest BV. Pure Python: the build imports it without the runtime, the runtime without
+the BV 64 single-wave row, le 1/2, exists), which would never serve a batch.
+gdn_fused's own classes, for a configuration it serves alone (no two-kernel variants, or `above_factor: 0`): a
+single_wave row per built BV below the largest, smallest first, bound "le" 1 / (V / BV) (its programs at that V
+tile fit one wave: 64-row programs walk a chunk faster than 128-row ones, and compute the same bits), then default
+at the largest BV. A spec mixes the routes with `gdn_fused: {above_factor: f}`: the two-kernel rows serve batches
+of up to f * SMs programs (the row reaching past that bound cut to "le" f), gdn_fused's rows the rest.
+Pure Python: the build imports it without the runtime, the runtime without
 the build.
 """
 from __future__ import annotations
@@ -31,7 +32,7 @@ from .abi import BOUNDS, FAMILIES, ROUTES
 
 SHAPE_CLASSES = ("single_wave", "small_batch", "default")
 SCAN_PREFERENCES = ("default_BV", "small_batch_BV", "small_batch_factor", "single_wave_warps")
-ROUTE_PREFERENCES = ("classes",)  # for a kernel whose family is a route of its own (gdn_fused)
+ROUTE_PREFERENCES = ("above_factor",)  # for a kernel whose family is a route of its own (gdn_fused)
 # a forward's configuration: what it needs of the variants (the functional axes); the rest are tuning choices
 CONFIG_AXES = ("dtype", "K", "V", "varlen", "transpose", "state_dtype", "gating", "checkpoints")
 DEFAULT_SMALL_BATCH_FACTOR = 2
@@ -108,6 +109,17 @@ def _covers(earlier: tuple, row: tuple) -> bool:
     return limit <= e_limit
 
 
+def _up_to(rows: list[tuple], limit: Fraction) -> list[tuple]:
+    """The rows as they serve batches of up to limit * SMs programs: the first row reaching past that bound is
+    cut to "le" limit and ends the list (limit 0: none)."""
+    out = []
+    for row in rows if limit > 0 else ():
+        if not _covers(("", "le", limit, {}), row):
+            return out + [(row[0], "le", limit, row[3])]
+        out.append(row)
+    return out
+
+
 def _fused_rows(config: dict, variants: dict, want: dict) -> list[tuple]:
     """(class, bound, limit, {kernel: key}) of a configuration gdn_fused serves alone (module docstring)."""
     bvs = sorted({variants[k]["axes"]["BV"] for k in matching(variants, "gdn_fused", want)})
@@ -125,18 +137,15 @@ def build_table(prefs: dict, variants: dict, uses: dict) -> list[dict]:
     # every combination of the built axis values; one no route serves gets no rows (a route's kernels may take
     # their axes from different variants: gdn_prepare the gating, gdn_scan the state dtype)
     axis_values = [sorted({e["axes"][a] for e in variants.values()}, key=repr) for a in CONFIG_AXES]
-    fused_classes = set(prefs.get("gdn_fused", {}).get("classes", ()))
+    above = prefs.get("gdn_fused", {}).get("above_factor")
     table = []
     for values in itertools.product(*axis_values):
         config = dict(zip(CONFIG_AXES, values))
         rows = _two_kernel_rows(config, prefs, variants, uses)
         fused_want = _want("gdn_fused", config, uses)
-        fused = pick(variants, "gdn_fused", fused_want)
-        if fused is not None and all(c in fused_classes for c, *_ in rows):
-            rows = _fused_rows(config, variants, fused_want)
-        elif fused is not None:
-            rows = [(c, b, lim, {"gdn_fused": fused} if c in fused_classes else kernels)
-                    for c, b, lim, kernels in rows]
+        if pick(variants, "gdn_fused", fused_want) is not None and (not rows or above is not None):
+            rows = _up_to(rows, Fraction(str(above or 0))) + _fused_rows(config, variants, fused_want)
+            rows = [r for i, r in enumerate(rows) if not any(_covers(e, r) for e in rows[:i])]
         for shape_class, bound, limit, kernels in rows:
             route = "fused" if "gdn_fused" in kernels else "prepare_scan"
             table.append(_row(config, shape_class, bound, limit, route, kernels))

@@ -103,7 +103,7 @@ class Routes:
     def batch_invariant(self) -> bool:
         """Whether every row runs the same route: the rows of one route differ in tiling only and round alike (the
         GPU suite checks it bitwise), so a sequence's result cannot depend on its batch; a spec that sends some
-        shape classes to another route (its dispatch's gdn_fused classes) gives up that guarantee."""
+        batches to another route (its dispatch's gdn_fused above_factor) gives up that guarantee."""
         return len({route.name for route in self.routes}) == 1
 
     def select(self, programs: int) -> Route:

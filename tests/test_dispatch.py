@@ -128,10 +128,12 @@ def test_missing_variants_fall_back_like_pick():
     assert [r["class"] for r in build_table({}, variants, USES)] == ["default"]  # no preferences: one row
 
 
-def test_fused_classes_and_fused_only_configurations():
-    prefs = {**QWEN_SM90, "gdn_fused": {"classes": ["small_batch", "default"]}}
+def test_fused_above_a_factor_and_fused_only_configurations():
+    """above_factor 1/2: the two-kernel rows up to SMs / 2 programs (the default row, cut there, is covered by the
+    BV 64 single-wave row), gdn_fused beyond."""
+    prefs = {**QWEN_SM90, "gdn_fused": {"above_factor": 0.5}}
     rows = build_table(prefs, qwen_sm90_variants(transposes=(False,), fused=True), USES)
-    assert [(r["class"], r["route"]) for r in rows] == [  # small_batch: covered by the BV 64 single-wave row
+    assert [(r["class"], r["route"]) for r in rows] == [
         ("single_wave", "prepare_scan"), ("single_wave", "prepare_scan"), ("default", "fused")]
     assert set(rows[-1]["kernels"]) == {"gdn_fused"} and ".w16s1" in rows[-1]["kernels"]["gdn_fused"]
     # without a gdn_fused preference the two-kernel route keeps every class; a configuration only gdn_fused
@@ -145,24 +147,36 @@ def test_fused_classes_and_fused_only_configurations():
 
 def test_fused_alone_takes_its_64_row_tile_for_one_wave():
     """A configuration gdn_fused serves alone, built at BV 64 and 128: BV 64 (two programs a value head) while
-    num_seqs * HV * 2 fits the SMs, BV 128 beyond; the same rows when the spec names every class (the two-kernel
-    variants are then unused); a spec sending some classes to gdn_fused gives it its largest BV."""
+    num_seqs * HV * 2 fits the SMs, BV 128 beyond; the same rows with above_factor 0 (the two-kernel variants are
+    then unused); above SMs / 4 programs (specs/qwen35-fastest.yaml): the two-kernel route up to there (the
+    fixed-length small_batch row cut to it), then gdn_fused's rows."""
     fused = dict(variant("gdn_fused", bv, 16) for bv in (64, 128))
 
     def bv(row):
-        return fused[row["kernels"]["gdn_fused"]]["axes"]["BV"]
+        return fused_all[row["kernels"]["gdn_fused"]]["axes"]["BV"]
 
+    fixed = dict(variant(k, bv, w, varlen=False) for k, bv, w in (("gdn_prepare", 128, 4), ("gdn_scan", 32, 4),
+                                                                   ("gdn_scan", 128, 8), ("gdn_fused", 64, 16),
+                                                                   ("gdn_fused", 128, 16)))
+    fused_all = {**fused, **fixed}
     alone = build_table({}, fused, USES)
     assert [(r["class"], r["bound"], r["num"], r["den"], bv(r)) for r in alone] \
         == [("single_wave", "le", 1, 2, 64), ("default", "any", 0, 1, 128)]
     for programs, sm_count, want in ((66, 132, 64), (67, 132, 128), (1, 132, 64), (66, 131, 128)):
         assert bv(select(alone, config(), programs, sm_count)) == want
-    every = {**QWEN_SM90, "gdn_fused": {"classes": ["single_wave", "small_batch", "default"]}}
-    assert build_table(every, {**qwen_sm90_variants(transposes=(False,)), **fused}, USES) == alone
-    some = {**QWEN_SM90, "gdn_fused": {"classes": ["default"]}}
-    rows = build_table(some, {**qwen_sm90_variants(transposes=(False,)), **fused}, USES)
-    assert [r["route"] for r in rows] == ["prepare_scan", "prepare_scan", "fused"]
-    assert bv(rows[-1]) == 128
+    two_kernel = {**qwen_sm90_variants(transposes=(False,)), **fused}
+    assert build_table({**QWEN_SM90, "gdn_fused": {"above_factor": 0}}, two_kernel, USES) == alone
+    table = build_table({**QWEN_SM90, "gdn_fused": {"above_factor": 0.25}}, {**two_kernel, **fixed}, USES)
+    for c, first in ((config(), "single_wave"), (config(varlen=False), "small_batch")):
+        rows = config_rows(table, c)
+        assert [(r["class"], r["route"], r["bound"], r["num"], r["den"]) for r in rows] == [
+            (first, "prepare_scan", "le", 1, 4), ("single_wave", "fused", "le", 1, 2),
+            ("default", "fused", "any", 0, 1)]
+        assert [bv(r) for r in rows[1:]] == [64, 128]
+        assert [select(table, c, p, 132)["route"] for p in (1, 33, 34, 66, 67)] == [
+            "prepare_scan", "prepare_scan", "fused", "fused", "fused"]
+    half = build_table({**QWEN_SM90, "gdn_fused": {"above_factor": 0.5}}, two_kernel, USES)
+    assert [r["route"] for r in half] == ["prepare_scan", "prepare_scan", "fused"] and bv(half[-1]) == 128
 
 
 def functional_variants() -> dict:
@@ -235,20 +249,24 @@ def test_c_select_answers_as_python(table_launcher):
                 want["kernels"].get(k) for k in ("gdn_prepare", "gdn_scan", "gdn_fused")], (programs, sm_count)
 
 
-def test_fastest_spec_routes_the_default_class_to_gdn_fused():
-    """specs/qwen35-fastest.yaml: qwen35.yaml's variants and sm_90a preferences plus gdn_fused (sm_90a only),
-    which takes the default class: batches of more than 66 programs on 132 SMs; fewer stay on gdn_prepare +
-    gdn_scan (the faster route there on the H200)."""
+def test_shipped_specs_route_sm90_configurations():
+    """specs/qwen35.yaml: on sm_90a gdn_fused serves the configurations without gating alone (batch invariant),
+    gdn_prepare + gdn_scan the gating ones; specs/qwen35-fastest.yaml: the same variants plus the non-gating
+    sm_90a gdn_prepare, which with gdn_scan takes the batches of up to SMs / 4 programs."""
     from gdn_aot.build.spec import load_spec
 
     fast, qwen = load_spec("qwen35-fastest"), load_spec("qwen35")
-    assert {v.key for v in fast.variants if v.kernel != "gdn_fused"} == {v.key for v in qwen.variants}
-    fused = [v for v in fast.variants if v.kernel == "gdn_fused"]
-    assert {v.arch for v in fused} == {"sm_90a"} and not any(v.gating for v in fused)  # gating: two-kernel only
-    prefs = fast.dispatch["sm_90a"]
-    assert prefs["gdn_fused"] == {"classes": ["default"]}
-    assert {k: p for k, p in prefs.items() if k != "gdn_fused"} == qwen.dispatch["sm_90a"]
+    extra = {v.key for v in fast.variants} - {v.key for v in qwen.variants}
+    assert {v.key for v in qwen.variants} < {v.key for v in fast.variants}
+    assert {(v.kernel, v.arch, v.gating) for v in fast.variants if v.key in extra} == {
+        ("gdn_prepare", "sm_90a", False)}
+    fused = [v for v in qwen.variants if v.kernel == "gdn_fused"]
+    assert {(v.arch, v.BV) for v in fused} == {("sm_90a", 64), ("sm_90a", 128)} and not any(v.gating for v in fused)
+    assert fast.dispatch["sm_90a"] == {**qwen.dispatch["sm_90a"], "gdn_fused": {"above_factor": 0.25}}
     assert fast.dispatch["sm_100a"] == qwen.dispatch["sm_100a"]
-    table = build_table(prefs, qwen_sm90_variants(fused=True), USES)
-    for programs, route in ((32, "prepare_scan"), (66, "prepare_scan"), (67, "fused"), (1024, "fused")):
-        assert select(table, config(), programs, 132)["route"] == route, programs
+    for spec, want in ((qwen, ["fused"] * 4), (fast, ["prepare_scan", "prepare_scan", "fused", "fused"])):
+        variants = {v.key: {"kernel": v.kernel, "num_warps": v.num_warps, "axes": v.as_dict()}
+                    for v in spec.for_arch("sm_90a")}
+        table = build_table(spec.dispatch["sm_90a"], variants, USES)
+        assert [select(table, config(), p, 132)["route"] for p in (1, 33, 34, 1024)] == want
+        assert {r["route"] for r in config_rows(table, config(gating=True))} == {"prepare_scan"}

@@ -15,7 +15,7 @@ H, HV, K, V = 16, 32, 128, 128
 @pytest.fixture(autouse=True, scope="module")
 def _promised():
     """Only a build that promises batch invariance is held to it: one whose dispatch runs one route for every
-    shape class of the configuration (specs/qwen35.yaml; not specs/qwen35-fastest.yaml)."""
+    shape class of the configuration (specs/qwen35.yaml: gdn_fused on sm_90a; not specs/qwen35-fastest.yaml)."""
     from gdn_aot.loader.artifact_sets import Artifacts
 
     routes = Artifacts.for_device(torch.cuda.current_device()).routes("bf16", K, V, varlen=True, transpose=False)

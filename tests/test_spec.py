@@ -66,12 +66,14 @@ def spec_error(tmp_path, text) -> SpecError:
      "dispatch.sm_90a.gdn_scan.small_batch_factor", "two"),
     (BASE + "dispatch: {sm_90a: {gdn_scan: {single_wave_warps: 16}}}\n",  # BASE builds 4 warps only
      "dispatch.sm_90a.gdn_scan.single_wave_warps", "16"),
-    (BASE + "  gdn_fused: {dtype: bf16}\ndispatch: {sm_90a: {gdn_fused: {classes: [tiny]}}}\n",
-     "dispatch.sm_90a.gdn_fused.classes", "tiny"),
+    (BASE + "  gdn_fused: {dtype: bf16}\ndispatch: {sm_90a: {gdn_fused: {above_factor: -1}}}\n",
+     "dispatch.sm_90a.gdn_fused.above_factor", "-1"),
+    (BASE + "  gdn_fused: {dtype: bf16}\ndispatch: {sm_90a: {gdn_fused: {above_factor: half}}}\n",
+     "dispatch.sm_90a.gdn_fused.above_factor", "half"),
     (BASE + "  gdn_fused: {dtype: bf16}\ndispatch: {sm_90a: {gdn_fused: {default_BV: 128}}}\n",
      "dispatch.sm_90a.gdn_fused.default_BV", "default_BV"),
-    (BASE + "dispatch: {sm_90a: {gdn_scan: {classes: [default]}}}\n", "dispatch.sm_90a.gdn_scan.classes",
-     "classes"),
+    (BASE + "dispatch: {sm_90a: {gdn_scan: {above_factor: 0.5}}}\n", "dispatch.sm_90a.gdn_scan.above_factor",
+     "above_factor"),
 ])
 def test_error_names_file_key_and_value(tmp_path, text, keypath, value):
     e = spec_error(tmp_path, text)
@@ -143,19 +145,21 @@ def test_shipped_specs_enumerate():
     # state dtype) pairs (bf16, fp32), (fp16, fp32), (bf16, bf16), the (BV, warps) sm_90a 128/w8, 32/w16 and 64/w16
     # (warp-specialised, varlen only), 32/w4 (fixed-length only: for varlen batches the BV 64 single-wave row
     # covers its small-batch row) and sm_100a BV 64/w4, 128/w4, 64/w16 (warp-specialised); and with checkpoints,
-    # varlen only, the same (BV, warps): the ones the dispatch table takes
+    # varlen only, the same (BV, warps): the ones the dispatch table takes; on sm_90a gdn_prepare for gating only
+    # and gdn_fused (without gating) at BV 64 and 128, with checkpoints for varlen batches
     sm100 = {"gdn_prepare": 8, "gdn_scan": 36 + 18}
-    per_arch = {"sm_90a": {"gdn_prepare": 8, "gdn_scan": 30 + 18}, "sm_100a": sm100, "sm_103a": sm100}
+    per_arch = {"sm_90a": {"gdn_prepare": 4, "gdn_scan": 30 + 18, "gdn_fused": 24 + 12}, "sm_100a": sm100,
+                "sm_103a": sm100}
     for arch, counts in per_arch.items():
         vs = q.for_arch(arch)
-        assert {v.kernel for v in vs} == set(counts)  # no gdn_l2norm: fused into both
+        assert {v.kernel for v in vs} == set(counts)  # no gdn_l2norm: fused into every route
         assert {k: sum(v.kernel == k for v in vs) for k in counts} == counts
         assert all(v.K == 128 and v.V == 128 and v.num_warps in (4, 8, 16) for v in vs)
     assert {(v.BV, v.num_warps) for v in q.for_arch("sm_90a") if v.kernel == "gdn_scan"} == {
         (32, 4), (128, 8), (32, 16), (64, 16)}
     assert {(v.BV, v.num_warps) for v in q.for_arch("sm_100a") if v.kernel == "gdn_scan"} == {
         (64, 4), (128, 4), (64, 16)}
-    assert len(q.variants) == 180 and len({v.key for v in q.variants}) == 180
+    assert len(q.variants) == 212 and len({v.key for v in q.variants}) == 212
     assert _as_sm100(q.for_arch("sm_103a")) == q.for_arch("sm_100a")  # sm_103a takes sm_100a's sections
     assert q.dispatch["sm_103a"] == q.dispatch["sm_100a"]
     ws = [v for v in q.for_arch("sm_90a")
@@ -163,8 +167,9 @@ def test_shipped_specs_enumerate():
     assert {(v.kernel, v.BV, v.varlen) for v in ws} == {("gdn_scan", 32, True), ("gdn_scan", 64, True)}
     assert len(ws) == 24  # (bf16, fp32), (fp16, fp32), (bf16, bf16) x BV 32, 64 x both layouts, and with checkpoints
     ckpt = [v for v in q.variants if v.checkpoints]
-    assert {v.kernel for v in ckpt} == {"gdn_scan"} and all(v.varlen for v in ckpt) and len(ckpt) == 54
-    assert {(v.BV, v.num_warps) for v in ckpt if v.arch == "sm_90a"} == {(128, 8), (32, 16), (64, 16)}
+    assert {v.kernel for v in ckpt} == {"gdn_scan", "gdn_fused"} and all(v.varlen for v in ckpt) and len(ckpt) == 66
+    assert {(v.kernel, v.BV, v.num_warps) for v in ckpt if v.arch == "sm_90a"} == {
+        ("gdn_scan", 128, 8), ("gdn_scan", 32, 16), ("gdn_scan", 64, 16), ("gdn_fused", 64, 16), ("gdn_fused", 128, 16)}
     t = load_spec("tiny")  # a shipped spec by name
     assert len(t.variants) == 32
     for arch in ("sm_90a", "sm_100a"):
@@ -194,11 +199,12 @@ def test_shipped_specs_enumerate():
     assert {v.dtype for v in t.variants} == {"bf16"}
     prep = [v for v in q.variants if v.kernel == "gdn_prepare"]  # BV and transpose unused: their defaults
     assert all(v.BT == 64 and v.BK == 128 and v.BV == 128 and not v.transpose for v in prep)
-    # every arch: the warp-specialised gdn_prepare (16 warps) but for the gating variants
+    # every arch: the warp-specialised gdn_prepare (16 warps) but for the gating variants; sm_90a gating only
     assert all(v.num_warps == (4 if v.gating else 16) for v in prep)
     assert {v.arch for v in prep} == {"sm_90a", "sm_100a", "sm_103a"}
-    assert {(v.dtype, v.varlen, v.gating) for v in prep} == set(itertools.product(("bf16", "fp16"), (True, False),
-                                                                                   (True, False)))
+    assert {(v.dtype, v.varlen, v.gating) for v in prep if v.arch == "sm_100a"} == set(
+        itertools.product(("bf16", "fp16"), (True, False), (True, False)))
+    assert all(v.gating for v in prep if v.arch == "sm_90a")
     assert {v.state_dtype for v in prep} == {"fp32"}  # gdn_prepare never touches the state
     assert q.dispatch["sm_90a"]["gdn_scan"]["small_batch_factor"] == 0.5  # a fraction of the SMs is allowed
     for arch in ("sm_90a", "sm_100a", "sm_103a"):
@@ -290,12 +296,13 @@ def test_sm103a_inherited_dispatch_is_checked_against_its_own_variants():
 
 
 def test_fused_routing(tmp_path):
-    """gdn_fused takes named shape classes (docs/spec-format.md); its variants are the fused kernel's axes."""
+    """gdn_fused takes the batches above a number of programs an SM (docs/spec-format.md); its variants are the
+    fused kernel's axes."""
     s = load_spec(write(tmp_path, BASE + "  gdn_prepare: {dtype: [bf16, fp16], varlen: [true, false]}\n"
                         "  gdn_fused: {dtype: bf16, varlen: true, launch: {sm_90a: {num_warps: 16}}}\n"
                         "dispatch:\n  sm_90a:\n    gdn_scan: {default_BV: 128}\n"
-                        "    gdn_fused: {classes: [small_batch, default]}\n"))
-    assert s.dispatch["sm_90a"]["gdn_fused"] == {"classes": ["small_batch", "default"]}
+                        "    gdn_fused: {above_factor: 0.5}\n"))
+    assert s.dispatch["sm_90a"]["gdn_fused"] == {"above_factor": 0.5}
     fused = [v for v in s.variants if v.kernel == "gdn_fused"]
     assert {(v.arch, v.num_warps, v.BV) for v in fused} == {("sm_90a", 16, 128), ("sm_100a", 4, 128)}
     assert KERNELS["gdn_fused"].compile_options(fused[0]) == {"num_warps": 8, "num_stages": 1, "maxnreg": 128}
