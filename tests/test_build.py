@@ -210,7 +210,7 @@ def test_spec_with_gdn_fused_whose_source_is_missing(tmp_path, monkeypatch):
     spec.write_text("K: 128\nV: 128\narches: [sm_90a]\nkernels:\n  gdn_prepare: {dtype: bf16, varlen: true}\n"
                     "  gdn_scan: {dtype: bf16, varlen: true, BV: 64}\n"
                     "  gdn_fused: {dtype: bf16, varlen: true, launch: {sm_90a: {num_warps: 16}}}\n"
-                    "dispatch:\n  sm_90a:\n    gdn_fused: {classes: [default]}\n")
+                    "dispatch:\n  sm_90a:\n    gdn_fused: {above_factor: 0.5}\n")
     out = tmp_path / "out"
     r = CliRunner().invoke(cli.main, ["build", str(spec), "--out", str(out), "-j", "2"])
     assert r.exit_code == 1 and "gdn_fused.sm_90a" in r.output and "2 compiled" in r.output, r.output

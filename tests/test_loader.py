@@ -104,7 +104,7 @@ def test_single_wave_tier(tiny_build):
 
 
 def test_a_configuration_with_two_routes_is_not_batch_invariant(tiny_build):
-    """A spec that sends a shape class to gdn_fused (dispatch: gdn_fused: {classes: [...]}) mixes routes whose
+    """A spec that sends some batches to gdn_fused (dispatch: gdn_fused: {above_factor: f}) mixes routes whose
     results differ in their last bits: Routes says so (the GPU invariance tests skip such a build)."""
     s = Artifacts.for_device(0, capability=(9, 0), root=tiny_build.out)
     config = ("bf16", 128, 128, True, False, "fp32", False, False)
