@@ -5,6 +5,7 @@ partition's time, and the instruction its warps sit at says what they wait for: 
 try-wait (SYNCS.PHASECHK) is a ring slot not yet filled or freed, WARPGROUP.DEPBAR a wgmma result, BAR.SYNC the
 partition's other warps. Two steps, from the repository root:
     python3 bench/partition_profile.py record --case 32x8192 --out DIR    # GPU host with ncu: DIR/source.csv
+                                                       # (--bv 64: the 64-row programs, two aux partitions)
     python3 bench/partition_profile.py report DIR/source.csv              # anywhere gdn_aot's build module imports
     python3 bench/partition_profile.py units DIR/raw.csv                  # anywhere: how busy each unit was
 record JIT-compiles the checkout's kernels/fused_sm90.py (bench/fused_ablate.py's copy and launch), runs it twice,
@@ -225,14 +226,15 @@ def static_report(sass_text, min_insns=100):
     return "\n".join(lines)
 
 
-def record(case, out):
-    """Profile one launch of the checkout's gdn_fused on `case` (a fused_ablate.py case) into out/source.csv and
-    out/raw.csv."""
+def record(case, out, bv=128):
+    """Profile one launch of the checkout's gdn_fused on `case` (a fused_ablate.py case) at V tile `bv` into
+    out/source.csv and out/raw.csv."""
     os.makedirs(out, exist_ok=True)
     report = os.path.join(out, "profile")
     subprocess.run(["ncu", "--clock-control", "none", "-k", "regex:fused_kernel", "--launch-skip", "2",
                     "--launch-count", "1", "--set", "full", "--import-source", "no", "-f", "-o", report,
-                    sys.executable, os.path.abspath(__file__), "launch", "--case", case], check=True)
+                    sys.executable, os.path.abspath(__file__), "launch", "--case", case, "--bv", str(bv)],
+                   check=True)
     with open(os.path.join(out, "source.csv"), "w") as f:
         subprocess.run(["ncu", "-i", report + ".ncu-rep", "--page", "source", "--csv", "--print-source", "sass"],
                        stdout=f, check=True)
@@ -241,8 +243,8 @@ def record(case, out):
     print(f"wrote {os.path.join(out, 'source.csv')} and raw.csv")
 
 
-def launch(case):
-    """Three launches of the JIT-compiled kernel (the third is the one `record` profiles)."""
+def launch(case, bv=128):
+    """Three launches of the JIT-compiled kernel at V tile `bv` (the third is the one `record` profiles)."""
     import torch
     import triton
 
@@ -255,7 +257,7 @@ def launch(case):
     q, k, v, g, beta, cu, h0 = fused_ablate.inputs(lens, HV)
     o, ht = torch.empty_like(v), torch.empty_like(h0)
     for _ in range(3):
-        fused_ablate.launch(kernel, q, k, v, g, beta, cu, h0, o, ht)
+        fused_ablate.launch(kernel, q, k, v, g, beta, cu, h0, o, ht, bv)
     torch.cuda.synchronize()
 
 
@@ -267,6 +269,8 @@ def main(argv=None):
     r.add_argument("--out", required=True, help="folder for profile.ncu-rep, source.csv and raw.csv")
     la = sub.add_parser("launch", help="(what record runs under ncu)")
     la.add_argument("--case", default="32x8192")
+    for sp in (r, la):
+        sp.add_argument("--bv", type=int, choices=(64, 128), default=128, help="value rows of a program's state")
     p = sub.add_parser("report", help="samples per chunk loop from source.csv")
     p.add_argument("csv")
     p.add_argument("--min-insns", type=int, default=100, help="smaller loops (mbarrier retries) are left out")
@@ -279,9 +283,9 @@ def main(argv=None):
     st.add_argument("--min-insns", type=int, default=100, help="smaller loops (mbarrier retries) are left out")
     args = ap.parse_args(argv)
     if args.step == "record":
-        record(args.case, args.out)
+        record(args.case, args.out, args.bv)
     elif args.step == "launch":
-        launch(args.case)
+        launch(args.case, args.bv)
     elif args.step == "units":
         print(units_report(args.csv))
     elif args.step == "static":
