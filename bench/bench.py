@@ -744,6 +744,14 @@ def git_commit():
     return None, None, None
 
 
+def artifacts_identity(arts):
+    """What gdn_aot's calls run, from its ArtifactSet's manifest: the directory, and the hashes of the kernel sources,
+    spec and build code it was built from (the commit of a device's copy of the checkout may not be the wheel's)."""
+    data = arts.manifest.data
+    return dict(dir=str(arts.manifest.dir), kernels_source_sha256=data.get("kernels_source_sha256"),
+                spec_sha256=data.get("spec", {}).get("sha256"), build_code_version=data.get("build_code_version"))
+
+
 def dist_version(dist):
     """An installed distribution's version, without importing it (None if absent)."""
     try:
@@ -774,6 +782,11 @@ def metadata(systems, extra=None):
                 gpu=p.name, sm_count=p.multi_processor_count, compute_capability=f"{p.major}.{p.minor}",
                 gpu_memory_gib=round(p.total_memory / 2**30, 1), driver=driver, python=platform.python_version(),
                 argv=sys.argv[1:], systems=list(systems), H=H, K=K, V=V)
+    try:
+        from gdn_aot.loader import Artifacts
+        meta["gdn_aot_artifacts"] = artifacts_identity(Artifacts.for_device(dev))
+    except Exception as e:  # the timings say which calls failed; the metadata says why it has no identity
+        meta["gdn_aot_artifacts"] = dict(error=f"{type(e).__name__}: {e}")
     meta.update(extra or {})
     return meta
 
