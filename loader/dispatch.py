@@ -20,8 +20,7 @@ single_wave row per built BV below the largest, smallest first, bound "le" 1 / (
 tile fit one wave: 64-row programs walk a chunk faster than 128-row ones, and compute the same bits), then default
 at the largest BV. A spec mixes the routes with `gdn_fused: {above_factor: f}`: the two-kernel rows serve batches
 of up to f * SMs programs (the row reaching past that bound cut to "le" f), gdn_fused's rows the rest.
-Pure Python: the build imports it without the runtime, the runtime without
-the build.
+Pure Python: the build imports it without the runtime, the runtime without the build.
 """
 from __future__ import annotations
 
