@@ -230,6 +230,12 @@ class _Parser:
             raise self.err(kp, "expected a positive integer", value)
         return value
 
+    def _factor(self, x, kp, zero_ok=False):
+        """A fraction of the SMs (a dispatch bound): a number, not a bool; positive, or >= 0 with zero_ok."""
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not (x >= 0 if zero_ok else x > 0):
+            raise self.err(kp, "expected a number >= 0" if zero_ok else "expected a positive number", x)
+        return x
+
     def _typed(self, x, ty, kp):
         ok = isinstance(x, bool) if ty is bool else (isinstance(x, ty) and not isinstance(x, bool))
         if not ok:
@@ -365,14 +371,10 @@ class _Parser:
             raise self.err(kp, f"expected a mapping with keys {list(allowed)}", prefs)
         self.keys(prefs, allowed, kp)
         if allowed is ROUTE_PREFERENCES:
-            x = prefs.get("above_factor")
-            if isinstance(x, bool) or not isinstance(x, (int, float)) or not x >= 0:
-                raise self.err(f"{kp}.above_factor", "expected a number >= 0", x)
-            return {"above_factor": x}
+            return {"above_factor": self._factor(prefs.get("above_factor"), f"{kp}.above_factor", zero_ok=True)}
         for key, x in prefs.items():
             if key == "small_batch_factor":
-                if isinstance(x, bool) or not isinstance(x, (int, float)) or not x > 0:
-                    raise self.err(f"{kp}.{key}", "expected a positive number", x)
+                self._factor(x, f"{kp}.{key}")
                 continue
             self._typed(x, int, f"{kp}.{key}")
             if key == "single_wave_warps" and x not in {v.num_warps for v in built}:

@@ -94,6 +94,11 @@ def _two_kernel_rows(config: dict, prefs: dict, variants: dict, uses: dict) -> l
         rows.append(("small_batch", "lt", factor, kernels(key)))
     key = pick(variants, "gdn_scan", want, BV=scan["default_BV"], default_BV=scan["default_BV"])
     rows.append(("default", "any", Fraction(0), kernels(key)))
+    return _uncovered(rows)
+
+
+def _uncovered(rows: list[tuple]) -> list[tuple]:
+    """The rows less any that an earlier one covers on every SM count (rows are tried in order)."""
     return [r for i, r in enumerate(rows) if not any(_covers(e, r) for e in rows[:i])]
 
 
@@ -142,9 +147,8 @@ def build_table(prefs: dict, variants: dict, uses: dict) -> list[dict]:
         config = dict(zip(CONFIG_AXES, values))
         rows = _two_kernel_rows(config, prefs, variants, uses)
         fused_want = _want("gdn_fused", config, uses)
-        if pick(variants, "gdn_fused", fused_want) is not None and (not rows or above is not None):
-            rows = _up_to(rows, Fraction(str(above or 0))) + _fused_rows(config, variants, fused_want)
-            rows = [r for i, r in enumerate(rows) if not any(_covers(e, r) for e in rows[:i])]
+        if matching(variants, "gdn_fused", fused_want) and (not rows or above is not None):
+            rows = _uncovered(_up_to(rows, Fraction(str(above or 0))) + _fused_rows(config, variants, fused_want))
         for shape_class, bound, limit, kernels in rows:
             route = "fused" if "gdn_fused" in kernels else "prepare_scan"
             table.append(_row(config, shape_class, bound, limit, route, kernels))
