@@ -1,7 +1,9 @@
 """Build specs: which variants of which kernels to compile, for which arches.
 
-A spec is one YAML file. Schema (every key optional unless marked *):
+A spec is one YAML file, optionally laid over another. Schema (every key optional unless marked *):
 
+    base: qwen35.yaml           # another spec this one changes: a path relative to this file's folder, or a
+                                # shipped spec's name
     K: 128                      # * head dim of q/k (top level, or per kernel; per kernel wins)
     V: 128                      # * head dim of v   (same)
     arches: [sm_90a, sm_100a]   # * arches this spec targets (`--arch` picks a subset): sm_90a, sm_100a, sm_103a
@@ -40,6 +42,9 @@ variants'. A kernel that is a route of its own (gdn_fused) takes ``above_factor`
 batches of more than above_factor * SMs programs, gdn_prepare + gdn_scan the rest; a configuration only it serves
 needs none (and gets a single-wave row per built BV below its largest, loader/dispatch.py).
 The build turns these into the dispatch table of the manifest and the launcher (loader/dispatch.py).
+With ``base``, the spec is its base with this file laid over it: a mapping merges key by key, at every depth,
+any other value (a list, a scalar) replaces the base's, and a null removes the base's key; the base may have a
+base of its own. The spec's sha256 covers every file of the chain.
 sm_103a is built from the sm_100a sources and, where it has no `launch`/`dispatch` entry of its own, takes
 sm_100a's; exclusions naming sm_100a remove the matching sm_103a variants too (SECTIONS_FROM).
 
@@ -133,12 +138,51 @@ def find_spec_file(spec: str | Path) -> Path:
 
 def load_spec(path: str | Path) -> Spec:
     path = find_spec_file(path)
+    doc, sha256 = _read_spec(path, ())
+    return parse_spec(doc, path=str(path), sha256=sha256)
+
+
+def _read_spec(path: Path, derived: tuple[Path, ...]) -> tuple[Any, str]:
+    """The document of the spec file at `path` laid over its base's, and the sha256 of the chain's bytes
+    (`derived`: the specs that named this one as their base, to refuse a cycle)."""
     raw = path.read_bytes()
     try:
         doc = yaml.safe_load(raw)
     except yaml.YAMLError as e:
         raise SpecError(path, "", f"not valid YAML: {e}") from None
-    return parse_spec(doc, path=str(path), sha256=hashlib.sha256(raw).hexdigest())
+    if not isinstance(doc, dict) or "base" not in doc:
+        return doc, hashlib.sha256(raw).hexdigest()
+    name = doc.pop("base")
+    if not isinstance(name, str) or not name:
+        raise SpecError(path, "base", "expected the path of another spec (relative to this file) or a shipped "
+                                      "spec's name", name)
+    beside = path.parent / name
+    try:
+        base = find_spec_file(beside if beside.is_file() else name)
+    except SpecError:
+        raise SpecError(path, "base", f"no such spec file (looked for {beside} and a shipped spec of that name)",
+                        name) from None
+    chain = (*derived, path.resolve())
+    if base.resolve() in chain:
+        cycle = " -> ".join(str(p) for p in (*chain, base.resolve()))
+        raise SpecError(path, "base", f"the specs name each other as base (a cycle: {cycle})", name)
+    base_doc, base_sha256 = _read_spec(base, chain)
+    if not isinstance(base_doc, dict):
+        raise SpecError(base, "", "a spec is a YAML mapping", base_doc)
+    return _laid_over(base_doc, doc), hashlib.sha256(raw + base_sha256.encode()).hexdigest()
+
+
+def _laid_over(base: dict, over: dict) -> dict:
+    """`over` laid over `base` (load_spec's `base`): mappings merge, other values replace, null removes."""
+    out = dict(base)
+    for key, value in over.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _laid_over(out[key], value)
+        else:
+            out[key] = value
+    return out
 
 
 def parse_spec(doc: Any, path: str = "<spec>", sha256: str = "") -> Spec:

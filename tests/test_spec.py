@@ -139,6 +139,41 @@ def test_invalid_yaml(tmp_path):
     assert "YAML" in str(e)
 
 
+def test_base_lays_a_spec_over_another(tmp_path):
+    """`base`, a path relative to the spec's folder: mappings merge at every depth, lists and scalars replace,
+    null removes the base's key; the spec's sha256 covers its base."""
+    base = write(tmp_path, BASE + "    launch:\n      sm_90a: {num_warps: [4]}\n", "base.yaml")
+    (tmp_path / "sub").mkdir()
+    over = "base: ../base.yaml\narches: [sm_90a]\nkernels:\n  gdn_scan:\n    dtype: bf16\n    transpose: null\n"
+    derived = load_spec(write(tmp_path / "sub", over, "derived.yaml"))
+    whole = yaml.safe_load(BASE)
+    whole["arches"], whole["kernels"]["gdn_scan"]["dtype"] = ["sm_90a"], "bf16"
+    whole["kernels"]["gdn_scan"].pop("transpose")
+    whole["kernels"]["gdn_scan"]["launch"] = {"sm_90a": {"num_warps": [4]}}
+    assert derived.variants == parse_spec(whole).variants and len(derived.variants) == 4
+    assert derived.path == str(tmp_path / "sub" / "derived.yaml")
+    before = derived.sha256
+    base.write_text(base.read_text().replace("BV: [64, 128]", "BV: [128]"))
+    after = load_spec(tmp_path / "sub" / "derived.yaml")
+    assert len(after.variants) == 2 and after.sha256 != before
+
+
+@pytest.mark.parametrize("over, problem", [
+    ("base: missing.yaml\n", "no such spec file"),
+    ("base: 3\n", "expected the path of another spec"),
+    ("base: spec.yaml\n", "a cycle"),
+])
+def test_bad_base(tmp_path, over, problem):
+    e = spec_error(tmp_path, over + BASE)
+    assert e.keypath == "base" and problem in e.problem
+
+
+def test_base_cycle_through_two_files(tmp_path):
+    write(tmp_path, "base: spec.yaml\n" + BASE, "other.yaml")
+    e = spec_error(tmp_path, "base: other.yaml\n" + BASE)
+    assert e.keypath == "base" and "a cycle" in e.problem
+
+
 def test_shipped_specs_enumerate():
     q = load_spec(REPO / "specs" / "qwen35.yaml")
     # prepare: dtype x varlen x gating; scan: (dtype, state dtype) x varlen x transpose x (BV, warps), the (dtype,
