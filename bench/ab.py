@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 import torch
 
@@ -56,6 +57,19 @@ def select_variants(variants: dict, family: str, warps: int | None, bv: int | No
             continue
         out.setdefault(a["BV"] if family in WITH_STATE else e["num_warps"], key)
     return out
+
+
+def root_names(roots: list) -> list[str]:
+    """A name for each root: the part of its path that the roots do not share (two wheels' artifacts,
+    old/gdn_aot/artifacts and new/gdn_aot/artifacts: old and new), its last folder for one root, rootN for roots
+    that are the same path."""
+    parts = [Path(os.path.abspath(r)).parts for r in roots]
+    if len(parts) == 1:
+        return [parts[0][-1]]
+    head = len(os.path.commonprefix(parts))
+    tail = len(os.path.commonprefix([p[::-1] for p in parts]))
+    names = [os.path.join(*p[head:len(p) - tail]) if len(p) > head + tail else "" for p in parts]
+    return [name if name and names.count(name) == 1 else f"root{i}" for i, name in enumerate(names)]
 
 
 def fused_sets(names: list, chosen: list) -> list[tuple[str, int, int, str]]:
@@ -199,7 +213,7 @@ def run(roots, family, warps, cases, reps, reference=False, bv=None):
     dev = torch.device("cuda")
     stream = torch.cuda.current_stream().cuda_stream
     sets = [Artifacts.for_device(dev, root=r) for r in roots]
-    names = [os.path.basename(os.path.normpath(r)) for r in roots]
+    names = root_names(roots)
     chosen = [select_variants(s.manifest.variants, family, warps, bv) for s in sets]
     groups = sorted(set().union(*chosen) if family == "gdn_fused" else set(chosen[0]).intersection(*chosen[1:]))
     if not groups:

@@ -100,3 +100,11 @@ def test_reference_errors():
     off[0, 3, 1, 2] += 0.5 * o.abs().max()
     (eo, eh), (eo2, eh2) = ab.reference_errors((o, ht), [(o, ht), (off.bfloat16(), ht)])
     assert eo == eh == eh2 == 0.0 and 0.49 < eo2 < 0.51
+
+
+def test_roots_are_named_by_what_tells_them_apart():
+    assert ab.root_names(["/tmp/old/gdn_aot/artifacts", "/tmp/new/gdn_aot/artifacts"]) == ["old", "new"]
+    assert ab.root_names(["artifacts-a", "artifacts-b/"]) == ["artifacts-a", "artifacts-b"]
+    assert ab.root_names(["/x/a/b/artifacts", "/x/c/artifacts"]) == ["a/b", "c"]
+    assert ab.root_names(["/tmp/w/artifacts"]) == ["artifacts"]
+    assert ab.root_names(["/tmp/w/artifacts", "/tmp/w/artifacts/"]) == ["root0", "root1"]
