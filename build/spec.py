@@ -158,7 +158,7 @@ def _read_spec(path: Path, derived: tuple[Path, ...]) -> tuple[Any, str]:
                                       "spec's name", name)
     beside = path.parent / name
     try:
-        base = find_spec_file(beside if beside.is_file() else name)
+        base = find_spec_file(beside)  # else the shipped spec of that file name
     except SpecError:
         raise SpecError(path, "base", f"no such spec file (looked for {beside} and a shipped spec of that name)",
                         name) from None

@@ -158,6 +158,13 @@ def test_base_lays_a_spec_over_another(tmp_path):
     assert len(after.variants) == 2 and after.sha256 != before
 
 
+def test_base_by_shipped_name(tmp_path):
+    """A base not beside the spec is the shipped spec of that name."""
+    spec = load_spec(write(tmp_path, "base: qwen35\narches: [sm_90a]\ndispatch: {sm_100a: null}\n"))
+    assert spec.arches == ("sm_90a",) and {v.arch for v in spec.variants} == {"sm_90a"}
+    assert {v.key for v in spec.variants} == {v.key for v in load_spec("qwen35").for_arch("sm_90a")}
+
+
 @pytest.mark.parametrize("over, problem", [
     ("base: missing.yaml\n", "no such spec file"),
     ("base: 3\n", "expected the path of another spec"),
