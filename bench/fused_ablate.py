@@ -51,27 +51,29 @@ def _cut(src, start, end, new):
     return src[:a] + new + src[src.index(end, a):]
 
 
+# the state partition's release of the previous chunk's terms slot (the 64-row programs), kept by the cuts through it
+RELEASE_PREVIOUS_TERMS = "        if o_in_terms:\n            _release_previous_terms(terms, c)\n"
 VARIANTS = {
     "fused": lambda s: s,
     "fused_copy": lambda s: s,
     "aux_stub": lambda s: _cut(
         s, "        # --- k k^T, the gates", "        terms.bars.publish(c)",
-        "        gates.bars.wait_ready(c)\n        inputs.bars.wait_empty(c)\n"
+        "        gates.bars.wait_ready(c)\n        _wait_terms_slot(inputs, terms, c, o_in_terms)\n"
         "        fence_async_shared()\n"),
     "state_stub": lambda s: _cut(
         s, "        # kh = S k^T (critical path)", "        # o^T -> [BT, V] staging tile",
-        "        terms.bars.wait_ready(c)\n        terms.rq_bars.wait_ready(c)\n        inputs.bars.release(c)\n"
-        "        o = gl.zeros([V, BT], gl.float32, acc_vt)\n"),
+        RELEASE_PREVIOUS_TERMS + "        terms.bars.wait_ready(c)\n        terms.rq_bars.wait_ready(c)\n"
+        "        inputs.bars.release(c)\n        o = gl.zeros([V, BT], gl.float32, acc_vt)\n"),
     "no_inverse": lambda s: _cut(s, "        tc = inverse.invert(", "        publish_inverse(", "        tc = kk * decay\n"),
     "unsynced": lambda s: _cut(_cut(s, "        terms.bars.wait_ready(c)\n        kh, qh", "        kh, qh", ""),
-                               "        inputs.bars.wait_empty(c)  # the terms slot", "        gam_r", ""),
+                               "        _wait_terms_slot(", "        gam_r", ""),
     "state_chain": lambda s: _state_chain(VARIANTS["aux_stub"](s)),
 }
 
 
 def _state_chain(s):
     """The state partition without S q^T and the output: kh, v_new and the update, then the chunk's releases."""
-    s = _cut(s, "        qh = warpgroup_mma(", "        terms.bars.wait_ready(c)\n", "")
+    s = _cut(s, "        qh = warpgroup_mma(", "        terms.bars.wait_ready(c)\n", RELEASE_PREVIOUS_TERMS)
     s = s.replace("        kh, qh = warpgroup_mma_wait(0, deps=[kh, qh])",
                   "        kh = warpgroup_mma_wait(0, deps=[kh])")
     s = _cut(s, "        o = qh * ", "        v_scale = ", "")

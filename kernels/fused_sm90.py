@@ -26,7 +26,7 @@ Partitions, 16 warps (registers a thread by setmaxnreg; the kernel is compiled a
     With fewer (an aux budget above 104), ptxas serialises every wgmma of the kernel (C7512), and it does the
     same when S q^T is still in flight while v_new's product is issued: S k^T and S q^T are waited on together;
   * aux, 128 / BV warpgroups at AUX_REGS (AUX_PAIR_REGS for two): what a chunk needs that does not depend on the
-    state, up to NUM_SLOTS chunks ahead of it: k k^T and q k^T on wgmma (rk is the diagonal of k k^T), the decay
+    state, up to a ring's slots ahead of it: k k^T and q k^T on wgmma (rk is the diagonal of k k^T), the decay
     matrix, P, the row scalings, and Tc by the blocked inverse: the diagonal 16 x 16 blocks in the registers that
     hold them (their diagonal 8 x 8 quarters by forward substitution in fp32 with warp shuffles, the third quarter
     by two fp16 mma.sync), then fp16 wgmma in three round trips whose A operands are registers (the accumulator's
@@ -51,9 +51,16 @@ state, and rq, norms -> state). Few partitions free what they read, because Trit
 partition barrier between an arrive and the partition's next shared-memory access (chunk_rings): the aux partition
 arrives only on the terms' ready barrier, and the sm_90a state partition once a chunk, on the input slot's empty
 barrier, which stands for its terms and rq too.
-Shared memory at BV = 128 (188 KB of the 227 KB a CTA may have): inputs 2 x 48 KB, terms 2 x 18 KB, the inverse's
-four fp16 tiles 32 KB (an aux partition's), o staging 16 KB; at BV = 64, 196 KB (the v tiles and o staging halve,
-two aux partitions' inverse tiles); one program an SM.
+The 64-row programs (BV = 64) have three slots in every ring (SLOTS_64), and o leaves through its chunk's Tv tile
+(read by v_new's product by then), whose terms slot the state frees early in the next chunk, once the TMA store
+has read it: the input slot is then free at the end of its chunk, so the load partition requests chunk c + 2's
+tiles as soon as the state is done with chunk c - 1, and its gate slot once the terms of chunk c - 1 are out.
+With two slots and o apart, both requests waited for the terms of chunk c, which the aux partition that takes
+chunk c + 2 publishes: that partition's next chunk waited for its own last one and a TMA round trip, the aux
+partitions 38 % of their time (ncu, H100, 1 x 65536), and deeper rings alone did not change it.
+Shared memory at BV = 128 (175 KB of the 227 KB a CTA may have): inputs 2 x 48 KB, terms 2 x 18 KB, the inverse's
+three fp16 tiles 24 KB (an aux partition's), o staging 16 KB; at BV = 64, 226 KB: inputs 3 x 40 KB, terms
+3 x 18 KB, gates 3 KB, two aux partitions' inverse tiles; one program an SM.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -74,6 +81,7 @@ USE_INDICES = gl.constexpr(_USE_INDICES)
 GATE_IN_KERNEL = gl.constexpr(_GATE_IN_KERNEL)
 
 NUM_SLOTS = gl.constexpr(2)
+SLOTS_64 = gl.constexpr(3)  # every ring of the 64-row programs (module docstring)
 AUX_REGS = gl.constexpr(104)
 # at BV = 64 each of the two aux partitions: 4 * 232 (the 64-row state) + 8 * 128 + 4 * 24 = 2048, a full register
 # file (at 104, as one aux partition beside the 128-row state, they reloaded 0-7 spilled values a chunk; at 128 none)
@@ -96,12 +104,12 @@ BLOCK = gl.constexpr(16)  # the inverse's diagonal blocks
 
 @aggregate
 class SlotBarriers:
-    """The ready and empty mbarriers of a ring of NUM_SLOTS chunk slots.
+    """The ready and empty mbarriers of a ring of n chunk slots (NUM_SLOTS unless made with more).
 
-    Chunk c lives in slot c % NUM_SLOTS. Its producer waits for the slot's empty barrier, fills it and completes
-    ready; each consumer waits for ready and arrives on empty when done. Both barriers flip phase once per pass
-    over the ring, so chunk c waits for phase (c // NUM_SLOTS) & 1 of ready and for the other phase of empty
-    (a fresh barrier counts as released once, so the first pass does not wait).
+    Chunk c lives in slot c % n. Its producer waits for the slot's empty barrier, fills it and completes ready;
+    each consumer waits for ready and arrives on empty when done. Both barriers flip phase once per pass over the
+    ring, so chunk c waits for phase (c // n) & 1 of ready and for the other phase of empty (a fresh barrier counts
+    as released once, so the first pass does not wait).
     """
     ready: gl.shared_memory_descriptor
     empty: gl.shared_memory_descriptor
@@ -112,43 +120,45 @@ class SlotBarriers:
         self.empty = empty
 
     @gluon.jit
-    def make(producers: gl.constexpr, consumers: gl.constexpr):
+    def make(producers: gl.constexpr, consumers: gl.constexpr, slots: gl.constexpr = NUM_SLOTS):
         """`producers` arrivals (or one arrive with the TMA byte count) fill a slot, `consumers` empty it."""
-        ready = gl.allocate_shared_memory(gl.int64, [NUM_SLOTS, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [NUM_SLOTS, 1], mbarrier.MBarrierLayout())
-        for s in gl.static_range(NUM_SLOTS):
+        ready = gl.allocate_shared_memory(gl.int64, [slots, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [slots, 1], mbarrier.MBarrierLayout())
+        for s in gl.static_range(slots):
             mbarrier.init(ready.index(s), count=producers)
             mbarrier.init(empty.index(s), count=consumers)
         return SlotBarriers(ready, empty)
 
     @gluon.jit
     def ready_bar(self, chunk):
-        return self.ready.index(chunk % NUM_SLOTS)
+        return self.ready.index(chunk % self.ready.shape[0])
 
     @gluon.jit
     def wait_ready(self, chunk):
-        mbarrier.wait(self.ready.index(chunk % NUM_SLOTS), (chunk // NUM_SLOTS) & 1)
+        n: gl.constexpr = self.ready.shape[0]
+        mbarrier.wait(self.ready.index(chunk % n), (chunk // n) & 1)
 
     @gluon.jit
     def wait_empty(self, chunk):
-        mbarrier.wait(self.empty.index(chunk % NUM_SLOTS), ((chunk // NUM_SLOTS) & 1) ^ 1)
+        n: gl.constexpr = self.empty.shape[0]
+        mbarrier.wait(self.empty.index(chunk % n), ((chunk // n) & 1) ^ 1)
 
     @gluon.jit
     def publish(self, chunk):
         """Every warp of the producing partition has written (and fenced) its share: one arrive on ready."""
         gl.thread_barrier()
-        mbarrier.arrive(self.ready.index(chunk % NUM_SLOTS), count=1)
+        mbarrier.arrive(self.ready.index(chunk % self.ready.shape[0]), count=1)
 
     @gluon.jit
     def release(self, chunk):
         """Every warp of the consuming partition is done with the slot: one arrive on empty."""
         gl.thread_barrier()
-        mbarrier.arrive(self.empty.index(chunk % NUM_SLOTS), count=1)
+        mbarrier.arrive(self.empty.index(chunk % self.empty.shape[0]), count=1)
 
 
 @aggregate
 class InputRing:
-    """q, k, v tiles [NUM_SLOTS, BT, K|V] by TMA (load -> aux reads q, k; state reads q, k, v)."""
+    """q, k, v tiles [n, BT, K|V] by TMA (load -> aux reads q, k; state reads q, k, v)."""
     q: gl.shared_memory_descriptor
     k: gl.shared_memory_descriptor
     v: gl.shared_memory_descriptor
@@ -161,10 +171,14 @@ class InputRing:
         self.v = v
         self.bars = bars
 
+    @gluon.jit
+    def slot(self, chunk):
+        return chunk % self.q.shape[0]
+
 
 @aggregate
 class GateRing:
-    """Per-row vectors of a chunk, [NUM_SLOTS, BT] fp32 each (load -> aux): gam = cumsum(g) in log2 units, beta,
+    """Per-row vectors of a chunk, [n, BT] fp32 each (load -> aux): gam = cumsum(g) in log2 units, beta,
     gam of the chunk's last row (in every entry), and rk, the inverse L2 norms of the k rows (1 without
     FUSED_L2NORM), which the aux partition adds (publish_key_norms)."""
     gam: gl.shared_memory_descriptor
@@ -181,13 +195,17 @@ class GateRing:
         self.rk = rk
         self.bars = bars
 
+    @gluon.jit
+    def slot(self, chunk):
+        return chunk % self.gam.shape[0]
+
 
 @aggregate
 class TermRing:
-    """What the state partition takes for a chunk: from the aux partition Tc diag(beta) and P [NUM_SLOTS, BT, BT]
-    in the input dtype and the SCALINGS row scalings [NUM_SLOTS * SCALINGS, BT] fp32
-    (bars); from the norms partition scale rq [NUM_SLOTS, BT] fp32, the column scaling of o^T, which the state needs
-    last (rq_bars: its own barriers, so the state never waits for it to start a chunk)."""
+    """What the state partition takes for a chunk, n slots of it: from the aux partition Tc diag(beta) and P [n, BT,
+    BT] in the input dtype and the SCALINGS row scalings [n * SCALINGS, BT] fp32 (bars); from the norms partition
+    scale rq [n, BT] fp32, the column scaling of o^T, which the state needs last (rq_bars: its own barriers, so the
+    state never waits for it to start a chunk)."""
     tc_v: gl.shared_memory_descriptor
     p: gl.shared_memory_descriptor
     scalings: gl.shared_memory_descriptor
@@ -205,9 +223,13 @@ class TermRing:
         self.rq_bars = rq_bars
 
     @gluon.jit
+    def slot(self, chunk):
+        return chunk % self.p.shape[0]
+
+    @gluon.jit
     def scaling(self, chunk, row):
         """Row `row` of chunk `chunk`'s scalings ([BT] fp32)."""
-        return self.scalings.index((chunk % NUM_SLOTS) * SCALINGS + row)
+        return self.scalings.index(self.slot(chunk) * SCALINGS + row)
 
     @gluon.jit
     def state_decay(self, chunk):
@@ -220,34 +242,33 @@ class TermRing:
     def slot_scalings(self, chunk):
         """All SCALINGS rows of chunk `chunk`'s scalings ([SCALINGS, BT] fp32)."""
         BT: gl.constexpr = self.scalings.shape[1]
-        slots = self.scalings._reinterpret(gl.float32, [NUM_SLOTS, SCALINGS, BT],
+        slots = self.scalings._reinterpret(gl.float32, [self.p.shape[0], SCALINGS, BT],
                                            gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-        return slots.index(chunk % NUM_SLOTS)
+        return slots.index(self.slot(chunk))
 
 
 @aggregate
 class InverseScratch:
-    """The aux partition's fp16 operand tiles for the inverse (_unit_lower_inverse): -L, N', W and D^-1, [1, BT, BT]
-    each, each an allocation of its own. Triton puts a partition barrier between two accesses to one allocation
-    that may touch the same bytes (a store after the tensor cores' reads, two stores in one stage), and it cannot
-    tell the tiles of one allocation apart: with N', W and D^-1 in one, the aux loop had two barriers more."""
+    """The aux partition's fp16 operand tiles for the inverse (_unit_lower_inverse): -L (then W, staged once N',
+    the one product that reads -L, is over), N' and D^-1, [1, BT, BT] each, each an allocation of its own. Triton
+    puts a partition barrier between two accesses to one allocation that may touch the same bytes (a store after
+    the tensor cores' reads, two stores in one stage), and it cannot tell the tiles of one allocation apart: with
+    N', W and D^-1 in one, the aux loop had two barriers more. W shares -L's allocation because a stage, and its
+    barrier, lies between N' and W: no barrier is added, and the 8 KB make room for the 64-row programs' third slots."""
     minus_l: gl.shared_memory_descriptor
     n: gl.shared_memory_descriptor
-    w: gl.shared_memory_descriptor
     d: gl.shared_memory_descriptor
 
     @gluon.constexpr_function
-    def __init__(self, minus_l, n, w, d):
+    def __init__(self, minus_l, n, d):
         self.minus_l = minus_l
         self.n = n
-        self.w = w
         self.d = d
 
     @gluon.jit
     def make(BT: gl.constexpr):
         layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], gl.float16)
         return InverseScratch(gl.allocate_shared_memory(gl.float16, [1, BT, BT], layout),
-                              gl.allocate_shared_memory(gl.float16, [1, BT, BT], layout),
                               gl.allocate_shared_memory(gl.float16, [1, BT, BT], layout),
                               gl.allocate_shared_memory(gl.float16, [1, BT, BT], layout))
 
@@ -270,8 +291,8 @@ class InverseScratch:
     def invert(self, c, d_blocks, zero):
         """Tc = (I + A)^-1 of chunk c from its staged -L and D^-1 (stage, stage_diagonal) and D^-1's blocks
         (_unit_lower_inverse)."""
-        return _unit_lower_inverse(d_blocks, _of_chunk(self.minus_l, c), _of_chunk(self.n, c), _of_chunk(self.w, c),
-                                   _of_chunk(self.d, c), zero)
+        minus_l = _of_chunk(self.minus_l, c)
+        return _unit_lower_inverse(d_blocks, minus_l, _of_chunk(self.n, c), minus_l, _of_chunk(self.d, c), zero)
 
 
 @gluon.jit
@@ -314,7 +335,8 @@ def _norms_partition(inputs, terms, q_desc, seq_len, scale, flags, rq_freed_with
     have landed: the state then reads rq before it frees the input slot."""
     BT: gl.constexpr = q_desc.block_type.shape[0]
     for c in range(gl.cdiv(seq_len, BT)):
-        slot = c % NUM_SLOTS
+        # in the loop, not hoisted: at 24 registers the slots' addresses of a three-slot ring were spilled
+        slot = loop_variant(inputs.slot(c), c)
         if not rq_freed_with_inputs:
             terms.rq_bars.wait_empty(c)
         inputs.bars.wait_ready(c)
@@ -339,7 +361,7 @@ def _gate_rows(gate_source, c, seq_len, HV, BT: gl.constexpr, layout: gl.constex
 @gluon.jit
 def _publish_gates(gates, c, g, beta):
     """gam = cumsum(g), beta and gam_last of chunk c into its gate slot, which the caller knows to be free."""
-    slot = c % NUM_SLOTS
+    slot = gates.slot(c)
     gates.gam.index(slot).store(gl.associative_scan(g, 0, _add))
     gates.beta.index(slot).store(beta)
     gates.gam_last.index(slot).store(gl.zeros_like(g) + gl.sum(g, axis=0))
@@ -351,7 +373,7 @@ def _request_inputs(inputs, q_desc, k_desc, v_desc, c):
     """TMA of chunk c's q, k, v tiles into its input slot, once the slot is free."""
     BT: gl.constexpr = q_desc.block_type.shape[0]
     nbytes: gl.constexpr = q_desc.block_type.nbytes + k_desc.block_type.nbytes + v_desc.block_type.nbytes
-    slot = c % NUM_SLOTS
+    slot = inputs.slot(c)
     inputs.bars.wait_empty(c)
     ready = inputs.bars.ready_bar(c)
     mbarrier.expect(ready, nbytes)
@@ -361,11 +383,12 @@ def _request_inputs(inputs, q_desc, k_desc, v_desc, c):
 
 
 @gluon.jit
-def _wait_gate_slot(terms, c):
+def _wait_gate_slot(gates, terms, c):
     """Until chunk c's gate slot is free: its last user, the aux partition, has published the terms of chunk
-    c - NUM_SLOTS. That ready barrier stands for the gate ring's empty one (chunk_rings)."""
-    if c >= NUM_SLOTS:
-        terms.bars.wait_ready(c - NUM_SLOTS)
+    c - n (n the gate ring's slots). That ready barrier stands for the gate ring's empty one (chunk_rings)."""
+    n: gl.constexpr = gates.gam.shape[0]
+    if c >= n:
+        terms.bars.wait_ready(c - n)
 
 
 @gluon.jit
@@ -387,7 +410,7 @@ def _load_partition(inputs, gates, terms, q_desc, k_desc, v_desc, gate_source, s
     g, beta = _gate_rows(gate_source, 1, seq_len, HV, BT, rows)
     for c in range(n_chunks):
         if c + 1 < n_chunks:
-            _wait_gate_slot(terms, c + 1)
+            _wait_gate_slot(gates, terms, c + 1)
             _publish_gates(gates, c + 1, g, beta)
             _request_inputs(inputs, q_desc, k_desc, v_desc, c + 1)
         g, beta = _gate_rows(gate_source, c + 2, seq_len, HV, BT, rows)
@@ -402,7 +425,7 @@ def publish_row_scalings(terms, gates, c, seq_len, rows: gl.constexpr):
     BT: gl.constexpr = gates.gam.shape[1]
     layout: gl.constexpr = gl.BlockedLayout([SCALINGS // 2, 1], [2, 16], [1, gl.num_warps()], [0, 1])
     cols: gl.constexpr = gl.SliceLayout(0, layout)
-    slot = c % NUM_SLOTS
+    slot = gates.slot(c)
     gam = gates.gam.index(slot).load(cols)
     rk = gates.rk.index(slot).load(cols)
     gam_last = gates.gam_last.index(slot).load(cols)
@@ -426,7 +449,7 @@ def chunk_decay(gates, c, gam_r, causal, n_rows, cols: gl.constexpr):
     exponent is -inf off the triangle, so exp is never taken of a positive gam_t - gam_s (s > t), which can
     overflow; the live-row bound goes into the rows' exponents (gam_t = -inf for t >= n_rows: two values a thread),
     so the tile takes one masked pass, the causal one."""
-    slot = c % NUM_SLOTS
+    slot = gates.slot(c)
     r = gl.arange(0, gam_r.shape[0], gam_r.type.layout)
     gam_t = gl.where(r < n_rows, gam_r, -float("inf"))
     exponent = gl.expand_dims(gam_t, 1) - gl.expand_dims(gates.gam.index(slot).load(cols), 0)
@@ -460,9 +483,8 @@ def causal_mask(like, c):
 def publish_inverse(terms, c, tc, dtype: gl.constexpr):
     """Tv = Tc diag(beta) of chunk c into the terms ring (beta from the chunk's BETA row, which
     publish_row_scalings wrote)."""
-    slot = c % NUM_SLOTS
     cols: gl.constexpr = gl.SliceLayout(0, tc.type.layout)
-    terms.tc_v.index(slot).store((tc * gl.expand_dims(terms.scaling(c, BETA).load(cols), 0)).to(dtype))
+    terms.tc_v.index(terms.slot(c)).store((tc * gl.expand_dims(terms.scaling(c, BETA).load(cols), 0)).to(dtype))
 
 
 @gluon.jit
@@ -654,7 +676,8 @@ def _unit_lower_inverse(d_blocks, l_tile, n_tile, w_tile, d_tile, zero):
     accumulators are the only registers they hold (one round trip fewer: 0.5-1 % of the kernel). N' with D^-1 as
     its register A operand either spills (14 values) or makes ptxas serialise every wgmma (C7512). A tile is
     rewritten at least two stages after its last read, so the barrier of the stage in between orders every warp's
-    wgmma wait before the store. The warp-specialised gdn_prepare shares this inverse (InverseScratch)."""
+    wgmma wait before the store; w_tile may be l_tile (InverseScratch), whose one read, N', is a stage before W.
+    The warp-specialised gdn_prepare shares this inverse (InverseScratch)."""
     n = warpgroup_mma(d_tile, l_tile, zero, use_acc=False, is_async=True)  # N' = -N
     n = warpgroup_mma_wait(0, deps=[n])
     _stage(n_tile, n)
@@ -678,7 +701,7 @@ def publish_key_norms(gates, c, kk, l2norm):
     layout: gl.constexpr = blocks.type.layout
     t, s = _in_block_indices(layout)
     diagonal = gl.sum(gl.where(t == s, blocks, 0.0), axis=2)
-    rk = gates.rk.index(c % NUM_SLOTS)._reinterpret(gl.float32, [NB, BLOCK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    rk = gates.rk.index(gates.slot(c))._reinterpret(gl.float32, [NB, BLOCK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     if l2norm:
         rk.store(inverse_norm(diagonal))
     else:
@@ -687,11 +710,22 @@ def publish_key_norms(gates, c, kk, l2norm):
 
 
 @gluon.jit
+def _wait_terms_slot(inputs, terms, c, o_in_terms: gl.constexpr):
+    """Until chunk c's terms slot is free: its own release where o leaves through it, else the input slot's, which
+    the state partition frees with it (chunk_rings)."""
+    if o_in_terms:
+        terms.bars.wait_empty(c)
+    else:
+        inputs.bars.wait_empty(c)
+
+
+@gluon.jit
 def _aux_partition(inputs, gates, terms, inverse, q_desc, seq_len, flags, first: gl.constexpr,
-                   stride: gl.constexpr):
+                   stride: gl.constexpr, o_in_terms: gl.constexpr):
     """The state-independent terms of chunks first, first + stride, ... (see the module docstring), into the terms
     ring: every chunk with stride 1; at BV = 64 two of these partitions take every other chunk each, so that two
-    chunks' latency chains overlap (a chunk's terms never depend on another chunk's)."""
+    chunks' latency chains overlap (a chunk's terms never depend on another chunk's). o_in_terms: the terms slots
+    are freed apart from the input slots (chunk_rings)."""
     BT: gl.constexpr = q_desc.block_type.shape[0]
     dtype: gl.constexpr = q_desc.block_type.element_ty
     acc_tt: gl.constexpr = wgmma_layout(BT, BT, 4)
@@ -699,11 +733,11 @@ def _aux_partition(inputs, gates, terms, inverse, q_desc, seq_len, flags, first:
     cols: gl.constexpr = gl.SliceLayout(0, acc_tt)
     zero = gl.zeros([BT, BT], gl.float32, acc_tt)
     for c in range(first, gl.cdiv(seq_len, BT), stride):
-        if stride == NUM_SLOTS:
-            # each chunk of this partition takes the same slot: as a constant the slot's tiles' descriptors were
-            # hoisted out of the loop and spilled (23 reloads a chunk)
-            c = loop_variant(c, c)
-        slot = c % NUM_SLOTS
+        # the chunk as a value of the loop: where each chunk of this partition takes the same slot, the slot's
+        # tiles' descriptors were hoisted out of the loop as constants and spilled (23 reloads a chunk), and with
+        # three slots a lane's offset into the gate slot was (one a chunk)
+        c = loop_variant(c, c)
+        slot = inputs.slot(c)  # of every ring: they have as many slots
         inputs.bars.wait_ready(c)
         q_s = inputs.q.index(slot)
         k_s = inputs.k.index(slot)
@@ -714,7 +748,7 @@ def _aux_partition(inputs, gates, terms, inverse, q_desc, seq_len, flags, first:
         publish_key_norms(gates, c, kk, (flags & L2NORM) != 0)
 
         # --- the row scalings, A and its two parts, then P: only the decay matrix is live beside one product
-        inputs.bars.wait_empty(c)  # the terms slot: the state partition frees both at once
+        _wait_terms_slot(inputs, terms, c, o_in_terms)
         gam_r = gates.gam.index(slot).load(rows)
         a_rows = publish_row_scalings(terms, gates, c, seq_len, rows)
         decay = chunk_decay(gates, c, gam_r, causal_mask(zero, c), seq_len - c * BT, cols)
@@ -737,9 +771,18 @@ def _aux_partition(inputs, gates, terms, inverse, q_desc, seq_len, flags, first:
 
 
 @gluon.jit
-def _state_partition(state, inputs, terms, o_desc, o_stage, seq_len, checkpoints, i_v):
+def _release_previous_terms(terms, c):
+    """Chunk c - 1's terms slot goes back in chunk c, once the TMA store of its o has read the slot's Tv tile."""
+    if c > 0:
+        tma.store_wait(0)
+        terms.bars.release(c - 1)
+
+
+@gluon.jit
+def _state_partition(state, inputs, terms, o_desc, o_stage, seq_len, checkpoints, i_v, o_in_terms: gl.constexpr):
     """The recurrence and the outputs (see the module docstring); returns the final state S = h^T and writes the
-    checkpoints of V tile i_v (S is in no other partition's reach)."""
+    checkpoints of V tile i_v (S is in no other partition's reach). o leaves through the o_stage tile, or with
+    o_in_terms through its chunk's Tv tile, whose terms slot then goes back in the next chunk (chunk_rings)."""
     BT: gl.constexpr = o_desc.block_type.shape[0]
     V: gl.constexpr = state.shape[0]  # the program's BV value rows
     dtype: gl.constexpr = o_desc.block_type.element_ty
@@ -749,7 +792,7 @@ def _state_partition(state, inputs, terms, o_desc, o_stage, seq_len, checkpoints
     op_vk: gl.constexpr = gl.DotOperandLayout(0, acc_vk, 2)  # and of the state update
     cols_vt: gl.constexpr = gl.SliceLayout(0, acc_vt)
     for c in range(gl.cdiv(seq_len, BT)):
-        slot = c % NUM_SLOTS
+        slot = inputs.slot(c)  # of the input, terms and rq rings alike
         inputs.bars.wait_ready(c)
         q_s = inputs.q.index(slot)
         k_s = inputs.k.index(slot)
@@ -759,6 +802,8 @@ def _state_partition(state, inputs, terms, o_desc, o_stage, seq_len, checkpoints
                            is_async=True)
         qh = warpgroup_mma(s_op, q_s.permute((1, 0)), gl.zeros([V, BT], gl.float32, acc_vt), use_acc=False,
                            is_async=True)
+        if o_in_terms:
+            _release_previous_terms(terms, c)
         terms.bars.wait_ready(c)
         kh, qh = warpgroup_mma_wait(0, deps=[kh, qh])
 
@@ -781,16 +826,21 @@ def _state_partition(state, inputs, terms, o_desc, o_stage, seq_len, checkpoints
         state, o = warpgroup_mma_wait(0, deps=[state, o])
         terms.rq_bars.wait_ready(c)
         o = o * gl.expand_dims(terms.rq.index(slot).load(cols_vt), 0)
-        # the chunk's input slot, terms and rq go back at once (chunk_rings)
+        # the chunk's input slot and rq go back, and its terms with them unless o leaves through them (chunk_rings)
         inputs.bars.release(c)
 
-        # o^T -> [BT, V] staging tile -> HBM (the store of chunk c - 1 left the tile a chunk ago)
-        tma.store_wait(0)
+        # o^T -> [BT, V] staging tile -> HBM: the chunk's Tv tile, read by v_new's product above, or o_stage, which
+        # the store of chunk c - 1 left a chunk ago
+        if o_in_terms:
+            o_tile = terms.tc_v.index(slot)
+        else:
+            tma.store_wait(0)
+            o_tile = o_stage
         gl.thread_barrier()
-        o_stage.store(gl.permute(o.to(dtype), [1, 0]))
+        o_tile.store(gl.permute(o.to(dtype), [1, 0]))
         fence_async_shared()
         gl.thread_barrier()
-        tma.async_copy_shared_to_global(o_desc, [c * BT, 0], o_stage)
+        tma.async_copy_shared_to_global(o_desc, [c * BT, 0], o_tile)
         # last in the chunk, with o's registers free: S = h^T, written as the [K, V] tile h
         checkpoints.store_after(gl.permute(state, [1, 0]), c, seq_len, i_v)
     tma.store_wait(0)
@@ -823,28 +873,29 @@ def head_tiles(q, k, v, o, gate_source, bos, seq_len, i_h, i_hv, i_v, H, HV, K: 
 
 
 @gluon.jit
-def input_and_gate_rings(q_desc, k_desc, v_desc, consumers: gl.constexpr, gate_consumers: gl.constexpr):
-    """The inputs ring and the gate ring (gdn_fused's, and the warp-specialised gdn_prepare's), their slots
-    emptied by `consumers` and `gate_consumers` partitions."""
+def input_and_gate_rings(q_desc, k_desc, v_desc, consumers: gl.constexpr, gate_consumers: gl.constexpr,
+                         slots: gl.constexpr = NUM_SLOTS):
+    """The inputs ring and the gate ring (gdn_fused's, and the warp-specialised gdn_prepare's), `slots` slots
+    each, emptied by `consumers` and `gate_consumers` partitions."""
     dtype: gl.constexpr = q_desc.block_type.element_ty
     BT: gl.constexpr = q_desc.block_type.shape[0]
     K: gl.constexpr = q_desc.block_type.shape[1]
     V: gl.constexpr = v_desc.block_type.shape[1]
     plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])  # rows of [BT] vectors
-    inputs = InputRing(gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, K], q_desc.layout),
-                       gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, K], k_desc.layout),
-                       gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, V], v_desc.layout),
-                       SlotBarriers.make(1, consumers))
-    gates = GateRing(gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain),
-                     gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain),
-                     gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain),
-                     gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain),
-                     SlotBarriers.make(1, gate_consumers))
+    inputs = InputRing(gl.allocate_shared_memory(dtype, [slots, BT, K], q_desc.layout),
+                       gl.allocate_shared_memory(dtype, [slots, BT, K], k_desc.layout),
+                       gl.allocate_shared_memory(dtype, [slots, BT, V], v_desc.layout),
+                       SlotBarriers.make(1, consumers, slots))
+    gates = GateRing(gl.allocate_shared_memory(gl.float32, [slots, BT], plain),
+                     gl.allocate_shared_memory(gl.float32, [slots, BT], plain),
+                     gl.allocate_shared_memory(gl.float32, [slots, BT], plain),
+                     gl.allocate_shared_memory(gl.float32, [slots, BT], plain),
+                     SlotBarriers.make(1, gate_consumers, slots))
     return inputs, gates
 
 
 @gluon.jit
-def chunk_rings(q_desc, k_desc, v_desc):
+def chunk_rings(q_desc, k_desc, v_desc, slots: gl.constexpr = NUM_SLOTS):
     """The inputs ring (emptied by the state and the norms partition), the gate ring and the terms ring. Each
     arrive costs its partition a barrier (Triton's barrier analysis puts one between an arrive and the next
     shared-memory access), so the slots of a chunk are freed by as few arrives as their readers' order allows:
@@ -852,20 +903,23 @@ def chunk_rings(q_desc, k_desc, v_desc):
         the state partition waits for those before it frees the input slot, and the load partition
         before it refills the gate slot (_wait_gate_slot);
       * on sm_90a the state partition frees a chunk's input slot after its last read of the chunk's terms and rq:
-        the aux partition waits for that before it rewrites a terms slot, and the norms partition writes rq only
-        once the next inputs of the slot have landed (_norms_partition with rq_freed_with_inputs);
+        the aux partition waits for that before it rewrites a terms slot (with o leaving through the terms, at
+        BV = 64, for the terms slot's own release, in the next chunk: _release_previous_terms), and the norms
+        partition writes rq only once the next inputs of the slot have landed (_norms_partition with
+        rq_freed_with_inputs);
       * the sm_100a state partition frees the input slot from the tensor cores, before it reads O_SCALE and rq:
         there the terms and rq slots keep their empty barriers.
-    The gate ring's empty barriers are unused, and so are the terms' and rq's on sm_90a."""
+    The gate ring's empty barriers are unused, and so are rq's on sm_90a and the terms' at its BV = 128."""
     dtype: gl.constexpr = q_desc.block_type.element_ty
     BT: gl.constexpr = q_desc.block_type.shape[0]
     tile_tt: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], dtype)
     plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])  # rows of [BT] vectors
-    inputs, gates = input_and_gate_rings(q_desc, k_desc, v_desc, 2, 1)
-    terms = TermRing(gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, BT], tile_tt),
-                     gl.allocate_shared_memory(dtype, [NUM_SLOTS, BT, BT], tile_tt),
-                     gl.allocate_shared_memory(gl.float32, [NUM_SLOTS * SCALINGS, BT], plain), SlotBarriers.make(1, 1),
-                     gl.allocate_shared_memory(gl.float32, [NUM_SLOTS, BT], plain), SlotBarriers.make(1, 1))
+    inputs, gates = input_and_gate_rings(q_desc, k_desc, v_desc, 2, 1, slots)
+    terms = TermRing(gl.allocate_shared_memory(dtype, [slots, BT, BT], tile_tt),
+                     gl.allocate_shared_memory(dtype, [slots, BT, BT], tile_tt),
+                     gl.allocate_shared_memory(gl.float32, [slots * SCALINGS, BT], plain),
+                     SlotBarriers.make(1, 1, slots),
+                     gl.allocate_shared_memory(gl.float32, [slots, BT], plain), SlotBarriers.make(1, 1, slots))
     return inputs, gates, terms
 
 
@@ -895,25 +949,26 @@ def fused_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0, ht, state_ind
     gate_source = GateSource.make(g + i_hv, beta + i_hv, A_log, dt_bias, i_hv, flags, GATING, GATE_IN_KERNEL)
     q_desc, k_desc, v_desc, o_desc, gate_source = head_tiles(q, k, v, o, gate_source, bos, seq_len, i_h, i_hv, i_v,
                                                              H, HV, K, V, BV, BT)
-    # --- shared memory: the three rings, the inverse's fp16 operand tiles (one set an aux partition), the output
-    # staging tile
-    inputs, gates, terms = chunk_rings(q_desc, k_desc, v_desc)
-    o_stage = gl.allocate_shared_memory(dtype, [BT, BV], o_desc.layout)
     checkpoints = Checkpoints(state_checkpoints, checkpoint_rows, checkpoint_cu_starts, checkpoint_every_n_tokens, HV,
                               BT, V, TRANSPOSE_STATE, CHECKPOINTS, HEAD_MAJOR)
+    # --- shared memory: the three rings, the inverse's fp16 operand tiles (one set an aux partition) and, at
+    # BV = 128, the output staging tile
     if BV == 64:  # the registers of a second state warpgroup hold a second aux partition (module docstring)
+        inputs, gates, terms = chunk_rings(q_desc, k_desc, v_desc, SLOTS_64)
         even, odd = InverseScratch.make(BT), InverseScratch.make(BT)
         state = gl.warp_specialize([
-            (_state_partition, (state, inputs, terms, o_desc, o_stage, seq_len, checkpoints, i_v)),
-            (_aux_partition, (inputs, gates, terms, even, q_desc, seq_len, flags, 0, 2)),
-            (_aux_partition, (inputs, gates, terms, odd, q_desc, seq_len, flags, 1, 2)),
+            (_state_partition, (state, inputs, terms, o_desc, None, seq_len, checkpoints, i_v, True)),
+            (_aux_partition, (inputs, gates, terms, even, q_desc, seq_len, flags, 0, 2, True)),
+            (_aux_partition, (inputs, gates, terms, odd, q_desc, seq_len, flags, 1, 2, True)),
             (_load_partition, (inputs, gates, terms, q_desc, k_desc, v_desc, gate_source, seq_len, HV)),
             (_norms_partition, (inputs, terms, q_desc, seq_len, scale, flags, True)),
         ], [4, 4, LOAD_WARPS, NORMS_WARPS], [AUX_PAIR_REGS, AUX_PAIR_REGS, LOAD_REGS, LOAD_REGS])[0]
     else:
+        inputs, gates, terms = chunk_rings(q_desc, k_desc, v_desc)
+        o_stage = gl.allocate_shared_memory(dtype, [BT, BV], o_desc.layout)
         state = gl.warp_specialize([
-            (_state_partition, (state, inputs, terms, o_desc, o_stage, seq_len, checkpoints, i_v)),
-            (_aux_partition, (inputs, gates, terms, InverseScratch.make(BT), q_desc, seq_len, flags, 0, 1)),
+            (_state_partition, (state, inputs, terms, o_desc, o_stage, seq_len, checkpoints, i_v, False)),
+            (_aux_partition, (inputs, gates, terms, InverseScratch.make(BT), q_desc, seq_len, flags, 0, 1, False)),
             (_load_partition, (inputs, gates, terms, q_desc, k_desc, v_desc, gate_source, seq_len, HV)),
             (_norms_partition, (inputs, terms, q_desc, seq_len, scale, flags, True)),
         ], [4, LOAD_WARPS, NORMS_WARPS], [AUX_REGS, LOAD_REGS, LOAD_REGS])[0]

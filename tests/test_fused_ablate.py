@@ -38,15 +38,14 @@ def test_every_ablation_applies_to_the_kernel(name):
 def test_unsynced_drops_only_the_two_terms_waits():
     edited = fused_ablate.VARIANTS["unsynced"](KERNEL)
     for partition, wait in (("_state_partition", "terms.bars.wait_ready(c)"),
-                            ("_aux_partition", "inputs.bars.wait_empty(c)")):
+                            ("_aux_partition", "_wait_terms_slot(inputs, terms, c, o_in_terms)")):
         assert wait in _function(KERNEL, partition)
         assert wait not in _function(edited, partition)
         # everything else in the loop is still there: the products, the releases and publications
         assert (_function(edited, partition).count("warpgroup_mma(")
                 == _function(KERNEL, partition).count("warpgroup_mma("))
     assert KERNEL.replace("        terms.bars.wait_ready(c)\n", "", 1) \
-        .replace("        inputs.bars.wait_empty(c)  # the terms slot: the state partition frees both at once\n"
-                 "        gam_r", "        gam_r", 1) == edited
+        .replace("        _wait_terms_slot(inputs, terms, c, o_in_terms)\n        gam_r", "        gam_r", 1) == edited
 
 
 def test_stubs_remove_their_partition_s_products():

@@ -1,0 +1,43 @@
+"""bench/ring_model.py: gdn_fused's sm_90a ring protocol under random schedules (no GPU). The model finds the
+protocol's ways to go wrong: a terms slot rewritten while the state partition still reads it, or freed before o
+has left its Tv tile."""
+import os
+import random
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+import ring_model  # noqa: E402
+
+SIXTY_FOUR = ring_model.CONFIGS["BV 64: three slots, two aux partitions, o through its chunk's Tv tile"]
+
+
+@pytest.mark.parametrize("label", sorted(ring_model.CONFIGS))
+def test_every_configuration_completes_with_each_chunk_s_data(label):
+    rng = random.Random(0)
+    for _ in range(300):
+        assert ring_model.run(rng.randint(0, 14), ring_model.CONFIGS[label], rng) is True
+
+
+def _fails(monkeypatch, name, edit):
+    monkeypatch.setattr(ring_model, name, edit(getattr(ring_model, name)))
+    rng = random.Random(0)
+    return any(ring_model.run(12, SIXTY_FOUR, rng) is not True for _ in range(300))
+
+
+def test_the_model_catches_the_protocol_s_mistakes(monkeypatch):
+    def aux_without_terms_wait(aux_ops):  # the aux partition taking the inputs' landing as the terms slot's release
+        return lambda *a: [op for op in aux_ops(*a) if op[:2] != ("wait", "t_empty")]
+
+    def terms_freed_with_inputs(state_ops):  # the terms slot freed before o has left its Tv tile
+        def ops(n, r):
+            out = [op for op in state_ops(n, r) if op[:2] != ("arrive", "t_empty")]
+            for i in reversed([i for i, op in enumerate(out) if op[:2] == ("arrive", "in_empty")]):
+                out.insert(i, ("arrive", "t_empty", out[i][2]))
+            return out
+        return ops
+
+    assert _fails(monkeypatch, "aux_ops", aux_without_terms_wait)
+    monkeypatch.undo()
+    assert _fails(monkeypatch, "state_ops", terms_freed_with_inputs)
