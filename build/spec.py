@@ -142,7 +142,7 @@ def load_spec(path: str | Path) -> Spec:
     return parse_spec(doc, path=str(path), sha256=sha256)
 
 
-def _read_spec(path: Path, derived: tuple[Path, ...]) -> tuple[Any, str]:
+def _read_spec(path: Path, derived: tuple[Path, ...]) -> tuple[dict, str]:
     """The document of the spec file at `path` laid over its base's, and the sha256 of the chain's bytes
     (`derived`: the specs that named this one as their base, to refuse a cycle)."""
     raw = path.read_bytes()
@@ -150,7 +150,7 @@ def _read_spec(path: Path, derived: tuple[Path, ...]) -> tuple[Any, str]:
         doc = yaml.safe_load(raw)
     except yaml.YAMLError as e:
         raise SpecError(path, "", f"not valid YAML: {e}") from None
-    if not isinstance(doc, dict) or "base" not in doc:
+    if "base" not in _spec_mapping(doc, path):
         return doc, hashlib.sha256(raw).hexdigest()
     name = doc.pop("base")
     if not isinstance(name, str) or not name:
@@ -167,8 +167,6 @@ def _read_spec(path: Path, derived: tuple[Path, ...]) -> tuple[Any, str]:
         cycle = " -> ".join(str(p) for p in (*chain, base.resolve()))
         raise SpecError(path, "base", f"the specs name each other as base (a cycle: {cycle})", name)
     base_doc, base_sha256 = _read_spec(base, chain)
-    if not isinstance(base_doc, dict):
-        raise SpecError(base, "", "a spec is a YAML mapping", base_doc)
     return _laid_over(base_doc, doc), hashlib.sha256(raw + base_sha256.encode()).hexdigest()
 
 
@@ -185,11 +183,16 @@ def _laid_over(base: dict, over: dict) -> dict:
     return out
 
 
-def parse_spec(doc: Any, path: str = "<spec>", sha256: str = "") -> Spec:
-    P = _Parser(path)
+def _spec_mapping(doc: Any, path) -> dict:
+    """`doc`, which must be a mapping (a spec's document, or a base's, before it is laid under another)."""
     if not isinstance(doc, dict):
         raise SpecError(path, "", "a spec is a YAML mapping", doc)
-    P.keys(doc, TOP_KEYS, "")
+    return doc
+
+
+def parse_spec(doc: Any, path: str = "<spec>", sha256: str = "") -> Spec:
+    P = _Parser(path)
+    P.keys(_spec_mapping(doc, path), TOP_KEYS, "")
     arches = P.arch_list(P.required(doc, "arches", ""), "arches")
     kernels = P.required(doc, "kernels", "")
     if not isinstance(kernels, dict) or not kernels:

@@ -181,6 +181,15 @@ def test_base_cycle_through_two_files(tmp_path):
     assert e.keypath == "base" and "a cycle" in e.problem
 
 
+def test_base_that_is_not_a_mapping(tmp_path):
+    """A base whose document is not a mapping is refused naming the base's file."""
+    write(tmp_path, "- a list\n", "other.yaml")
+    with pytest.raises(SpecError) as ei:
+        load_spec(write(tmp_path, "base: other.yaml\n" + BASE))
+    e = ei.value
+    assert e.path == str(tmp_path / "other.yaml") and e.keypath == "" and "a spec is a YAML mapping" in e.problem
+
+
 def test_shipped_specs_enumerate():
     q = load_spec(REPO / "specs" / "qwen35.yaml")
     # prepare: dtype x varlen x gating; scan: (dtype, state dtype) x varlen x transpose x (BV, warps), the (dtype,
