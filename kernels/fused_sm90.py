@@ -21,7 +21,7 @@ tensor cores once, so the critical path S -> kh -> v_new -> S has three products
 scale rides on rq (the norms partition's one multiply a row) rather than on P (the aux partition's one an entry).
 Partitions, 16 warps (registers a thread by setmaxnreg; the kernel is compiled at 128, a full register file):
   * state, the default partition: BV / 64 warpgroups; at BV = 128 (2048 - 4 * AUX_REGS - 4 * LOAD_REGS) / 8 = 192
-    registers (at BV = 64, 232, beside two aux partitions), a thread's share the same at either BV: S alone is 64 a
+    registers (at BV = 64, 216, beside two aux partitions), a thread's share the same at either BV: S alone is 64 a
     thread, its bf16 copy (the A operand of S k^T and S q^T) 32, each [V, BT] accumulator 32.
     With fewer (an aux budget above 104), ptxas serialises every wgmma of the kernel (C7512), and it does the
     same when S q^T is still in flight while v_new's product is issued: S k^T and S q^T are waited on together;
@@ -36,15 +36,15 @@ Partitions, 16 warps (registers a thread by setmaxnreg; the kernel is compiled a
     terms are a latency chain (about 2.8 us on an H100, the state's chunk 1.3-1.5 us at BV = 64) and independent of
     every other chunk's, so at BV = 64, where half the state's registers are free, two aux partitions take every
     other chunk each, two chains in flight (at BV = 128 the state's 8 x 192 registers leave room for one);
-  * load, LOAD_WARPS warps at LOAD_REGS: TMA of the q, k, v tiles through per-sequence descriptors whose row
-    bound is the sequence's length (a chunk's tail is zero-filled and never reads the next sequence) and the
-    chunk's gates (gam = cumsum(g) by a warp scan), a chunk ahead of the tiles;
-  * norms, NORMS_WARPS warps at LOAD_REGS: scale rq into the terms ring (on barriers of its own), a row a thread,
-    as soon as the q tile lands. rq only scales the columns of o^T, which the state partition computes last, so it
-    is needed late and the aux partition has one Gram matrix less to reduce. A partition of its own, because in the
-    load loop it waited behind the input slot's wait, which follows the state's pace. (rk here as well, published
-    first on barriers of its own, was 0.2-1.5 % slower than rk off the diagonal of the aux's k k^T: the aux then
-    waited for it.)
+  * load, LOAD_WARPS warps at LOAD_REGS (LOAD_PAIR_REGS at BV = 64): TMA of the q, k, v tiles through
+    per-sequence descriptors whose row bound is the sequence's length (a chunk's tail is zero-filled and never reads
+    the next sequence) and the chunk's gates (gam = cumsum(g) by a warp scan), a chunk ahead of the tiles;
+  * norms, NORMS_WARPS warps with the load's registers (the two make one warpgroup): scale rq into the terms ring (on
+    barriers of its own), a row a thread, as soon as the q tile lands. rq only scales the columns of o^T, which the
+    state partition computes last, so it is needed late and the aux partition has one Gram matrix less to reduce. A
+    partition of its own, because in the load loop it waited behind the input slot's wait, which follows the state's
+    pace. (rk here as well, published first on barriers of its own, was 0.2-1.5 % slower than rk off the diagonal of
+    the aux's k k^T: the aux then waited for it.)
 Rings (InputRing, GateRing, TermRing below; each slot a ready and an empty mbarrier, SlotBarriers): the inputs
 (load -> aux, state and norms), the gates (load -> aux; the aux partition adds rk) and the chunk terms (aux ->
 state, and rq, norms -> state). Few partitions free what they read, because Triton's barrier analysis puts a
@@ -83,10 +83,16 @@ GATE_IN_KERNEL = gl.constexpr(_GATE_IN_KERNEL)
 NUM_SLOTS = gl.constexpr(2)
 SLOTS_64 = gl.constexpr(3)  # every ring of the 64-row programs (module docstring)
 AUX_REGS = gl.constexpr(104)
-# at BV = 64 each of the two aux partitions: 4 * 232 (the 64-row state) + 8 * 128 + 4 * 24 = 2048, a full register
-# file (at 104, as one aux partition beside the 128-row state, they reloaded 0-7 spilled values a chunk; at 128 none)
+# at BV = 64 each of the two aux partitions: 4 * 216 (the 64-row state) + 8 * 128 + 4 * 40 = 2048, a full register
+# file (at 104, as one aux partition beside the 128-row state, they reloaded 0-7 spilled values a chunk; at 128 none;
+# at 136, the state at 200, they were no faster; at 144 the state spills and its wgmma are serialised)
 AUX_PAIR_REGS = gl.constexpr(128)
 LOAD_REGS = gl.constexpr(24)
+# at BV = 64 the load and norms warps (one warpgroup, so one count) take 16 of the state's registers: at 24 ptxas
+# kept one of a norms thread's 16 row loads in flight, each waited on shared memory busy with the wgmma of three
+# partitions, and a chunk's rq took about as long as the whole chunk (ncu, H100, 1 x 65536: the state waited for
+# it); at 32 or 40 two or three loads are in flight (40 was 0.5 % faster than 32)
+LOAD_PAIR_REGS = gl.constexpr(40)
 LOAD_WARPS = gl.constexpr(2)
 NORMS_WARPS = gl.constexpr(2)
 # programs numbered head-major (common.sequence_and_head): the kernel's own ids and its checkpoints' agree
@@ -130,30 +136,38 @@ class SlotBarriers:
         return SlotBarriers(ready, empty)
 
     @gluon.jit
+    def slot(self, chunk):
+        """Chunk `chunk`'s slot, in this ring and in the tiles of the ring that owns these barriers."""
+        return chunk % self.ready.shape[0]
+
+    @gluon.jit
+    def pass_parity(self, chunk):
+        """The parity of chunk `chunk`'s pass over the ring (the phase its ready barrier completes)."""
+        return (chunk // self.ready.shape[0]) & 1
+
+    @gluon.jit
     def ready_bar(self, chunk):
-        return self.ready.index(chunk % self.ready.shape[0])
+        return self.ready.index(self.slot(chunk))
 
     @gluon.jit
     def wait_ready(self, chunk):
-        n: gl.constexpr = self.ready.shape[0]
-        mbarrier.wait(self.ready.index(chunk % n), (chunk // n) & 1)
+        mbarrier.wait(self.ready.index(self.slot(chunk)), self.pass_parity(chunk))
 
     @gluon.jit
     def wait_empty(self, chunk):
-        n: gl.constexpr = self.empty.shape[0]
-        mbarrier.wait(self.empty.index(chunk % n), ((chunk // n) & 1) ^ 1)
+        mbarrier.wait(self.empty.index(self.slot(chunk)), self.pass_parity(chunk) ^ 1)
 
     @gluon.jit
     def publish(self, chunk):
         """Every warp of the producing partition has written (and fenced) its share: one arrive on ready."""
         gl.thread_barrier()
-        mbarrier.arrive(self.ready.index(chunk % self.ready.shape[0]), count=1)
+        mbarrier.arrive(self.ready.index(self.slot(chunk)), count=1)
 
     @gluon.jit
     def release(self, chunk):
         """Every warp of the consuming partition is done with the slot: one arrive on empty."""
         gl.thread_barrier()
-        mbarrier.arrive(self.empty.index(chunk % self.empty.shape[0]), count=1)
+        mbarrier.arrive(self.empty.index(self.slot(chunk)), count=1)
 
 
 @aggregate
@@ -173,7 +187,7 @@ class InputRing:
 
     @gluon.jit
     def slot(self, chunk):
-        return chunk % self.q.shape[0]
+        return self.bars.slot(chunk)
 
 
 @aggregate
@@ -197,7 +211,7 @@ class GateRing:
 
     @gluon.jit
     def slot(self, chunk):
-        return chunk % self.gam.shape[0]
+        return self.bars.slot(chunk)
 
 
 @aggregate
@@ -224,7 +238,7 @@ class TermRing:
 
     @gluon.jit
     def slot(self, chunk):
-        return chunk % self.p.shape[0]
+        return self.bars.slot(chunk)
 
     @gluon.jit
     def scaling(self, chunk, row):
@@ -962,7 +976,7 @@ def fused_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0, ht, state_ind
             (_aux_partition, (inputs, gates, terms, odd, q_desc, seq_len, flags, 1, 2, True)),
             (_load_partition, (inputs, gates, terms, q_desc, k_desc, v_desc, gate_source, seq_len, HV)),
             (_norms_partition, (inputs, terms, q_desc, seq_len, scale, flags, True)),
-        ], [4, 4, LOAD_WARPS, NORMS_WARPS], [AUX_PAIR_REGS, AUX_PAIR_REGS, LOAD_REGS, LOAD_REGS])[0]
+        ], [4, 4, LOAD_WARPS, NORMS_WARPS], [AUX_PAIR_REGS, AUX_PAIR_REGS, LOAD_PAIR_REGS, LOAD_PAIR_REGS])[0]
     else:
         inputs, gates, terms = chunk_rings(q_desc, k_desc, v_desc)
         o_stage = gl.allocate_shared_memory(dtype, [BT, BV], o_desc.layout)
