@@ -11,7 +11,8 @@ partition's other warps. Two steps, from the repository root:
 record JIT-compiles the checkout's kernels/fused_sm90.py (bench/fused_ablate.py's copy and launch), runs it twice,
 profiles the third launch under ncu (--set full, --clock-control none) and exports its SASS source page with the
 stall-reason columns. report finds the loops from the predicated backward branches of that SASS and prints, for
-each loop of at least --min-insns instructions: its samples and share of the kernel's, the leading stall reasons,
+each loop of at least --min-insns instructions: the partition it is (state, aux, load or norms, told apart by
+opcodes only that partition has: loop_role), its samples and share of the kernel's, the leading stall reasons,
 and the instructions with the most samples, each with the one before it (which names the barrier or product);
 where the export has the columns, also the loop's shared-memory wavefronts a warp an iteration, by opcode.
 With --phases, each loop also in phases: its body cut after every partition barrier, wgmma wait, mbarrier wait
@@ -21,9 +22,10 @@ record also exports the launch's metrics (DIR/raw.csv), and units prints from th
 utilisation of each pipe (the tensor cores' wgmma pipe among them), of shared memory and of the issue slots, and the
 stall reasons per issued instruction, the busiest first.
 static needs no GPU: from a sm_90a cubin's SASS (a build's, e.g. `gdn-aot build specs/tiny.yaml --arch sm_90`) it
-estimates each loop's shared-memory wavefronts a warp an iteration, by opcode, from the cost of each access
-that ncu measured on gdn_fused (shared_wavefronts): on that kernel it gives ncu's counts to within 2 wavefronts a
-loop (aux 402 for 404, state 225 for 225), so a change's shared-memory traffic can be read before it runs:
+names each loop's partition as report does and estimates its shared-memory wavefronts a warp an iteration, by
+opcode, from the cost of each access that ncu measured on gdn_fused (shared_wavefronts): on that kernel it gives
+ncu's counts to within 2 wavefronts a loop (aux 402 for 404, state 225 for 225), so a change's shared-memory traffic
+can be read before it runs:
     python3 bench/partition_profile.py static OUT/sm_90a/cubins/<sha>.cubin
 """
 import argparse
@@ -116,6 +118,17 @@ def phases(body):
     return out
 
 
+# what tells gdn_fused's (sm_90a) partitions apart in a loop's opcodes, checked in this order: the state stores o by
+# TMA, the aux inverts the diagonal blocks on mma.sync, the load issues the TMA loads, the norms read q rows from
+# shared memory and take their inverse square roots
+ROLE_MARKS = (("state", ("UTMASTG",)), ("aux", ("HMMA",)), ("load", ("UTMALDG",)), ("norms", ("LDS", "MUFU")))
+
+
+def loop_role(opcodes):
+    """The partition whose loop has these opcode counts (a Counter), or "other"."""
+    return next((role for role, marks in ROLE_MARKS if all(opcodes[m] for m in marks)), "other")
+
+
 def partition_report(path, min_insns=100, top=8, with_phases=False):
     from gdn_aot.build.sass import instructions, loop_ranges
 
@@ -135,7 +148,8 @@ def partition_report(path, min_insns=100, top=8, with_phases=False):
         why = Counter()
         for x in body:
             why.update(x[3])
-        lines.append(f"\nloop {a:#x}-{b:#x}: {len(body)} instructions (HGMMA {ops['HGMMA']}, FFMA {ops['FFMA']}), "
+        lines.append(f"\nloop {a:#x}-{b:#x}, {loop_role(ops)}: {len(body)} instructions (HGMMA {ops['HGMMA']}, "
+                     f"FFMA {ops['FFMA']}), "
                      f"{n} samples ({100 * n / kernel_total:.1f} % of the kernel)")
         lines.append("  " + ", ".join(f"{k} {100 * v / n:.1f} %" for k, v in why.most_common(6)))
         if counts:
@@ -221,8 +235,9 @@ def static_report(sass_text, min_insns=100):
         for op, modifiers, operands in body:
             by_opcode[op] += shared_wavefronts(op, modifiers, operands)
         shown = ", ".join(f"{k} {v}" for k, v in by_opcode.most_common() if v)
-        lines.append(f"loop {a:#x}-{b:#x}: {len(body)} instructions, shared-memory wavefronts a warp an iteration "
-                     f"{sum(by_opcode.values())} ({shown})")
+        role = loop_role(Counter(op for op, _, _ in body))
+        lines.append(f"loop {a:#x}-{b:#x}, {role}: {len(body)} instructions, shared-memory wavefronts a warp an "
+                     f"iteration {sum(by_opcode.values())} ({shown})")
     return "\n".join(lines)
 
 

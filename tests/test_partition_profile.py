@@ -2,6 +2,7 @@
 of an ncu source-page export, the loops found from its SASS."""
 import csv
 import importlib.util
+from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -52,7 +53,7 @@ def test_report_sums_samples_per_chunk_loop(tmp_path):
     report = partition_profile.partition_report(tmp_path / "source.csv", min_insns=3, top=2)
     # the kernel's 110 samples; the loop 0x10-0x50 holds 95 of them; the retry self-loop is below min_insns
     assert report.splitlines()[0].startswith("110 samples in the kernel")
-    assert "loop 0x10-0x50: 5 instructions (HGMMA 1, FFMA 0), 95 samples (86.4 % of the kernel)" in report
+    assert "loop 0x10-0x50, other: 5 instructions (HGMMA 1, FFMA 0), 95 samples (86.4 % of the kernel)" in report
     assert "loop 0x100" not in report
     assert "long_sb 63.2 %, barrier 21.1 %" in report
     # the top instruction is the wait's branch, named by the try-wait before it
@@ -134,6 +135,18 @@ def test_static_report_estimates_shared_memory_wavefronts_from_sass():
         (0x90, "EXIT"),
     ])
     report = partition_profile.static_report(sass, min_insns=3)
-    assert report == ("loop 0x10-0x80: 8 instructions, shared-memory wavefronts a warp an iteration 31 "
+    assert report == ("loop 0x10-0x80, other: 8 instructions, shared-memory wavefronts a warp an iteration 31 "
                       "(HGMMA 16, LDS 7, STSM 4, LDSM 4)")
     assert partition_profile.static_report(sass, min_insns=10) == ""
+
+
+def test_loop_role_names_gdn_fused_partitions_by_their_opcodes():
+    """Each partition by what only it issues (opcode counts of the H100 profile's loops): the state's TMA store of
+    o, the aux's mma.sync, the load's TMA loads, the norms' shared loads and MUFU; anything else is "other"."""
+    role = partition_profile.loop_role
+    state = Counter(HGMMA=28, LDS=65, LDSM=16, STSM=16, SYNCS=4, UTMASTG=1, UTMACMDFLUSH=1)
+    aux = Counter(HGMMA=32, HMMA=2, LDS=34, MUFU=39, SHFL=45, STSM=24, STS=8, SYNCS=4)
+    load = Counter(SHFL=9, STS=6, SYNCS=3, UTMALDG=3)
+    norms = Counter(LDS=16, MUFU=2, STSM=1, SYNCS=2, FFMA=112)
+    assert [role(x) for x in (state, aux, load, norms)] == ["state", "aux", "load", "norms"]
+    assert role(Counter(HGMMA=1)) == "other"
