@@ -305,8 +305,8 @@ class InverseScratch:
     def invert(self, c, d_blocks, zero):
         """Tc = (I + A)^-1 of chunk c from its staged -L and D^-1 (stage, stage_diagonal) and D^-1's blocks
         (_unit_lower_inverse)."""
-        minus_l = _of_chunk(self.minus_l, c)
-        return _unit_lower_inverse(d_blocks, minus_l, _of_chunk(self.n, c), minus_l, _of_chunk(self.d, c), zero)
+        return _unit_lower_inverse(d_blocks, _of_chunk(self.minus_l, c), _of_chunk(self.n, c), _of_chunk(self.d, c),
+                                   zero)
 
 
 @gluon.jit
@@ -679,7 +679,7 @@ def _block_diagonal(blocks, like):
 
 
 @gluon.jit
-def _unit_lower_inverse(d_blocks, l_tile, n_tile, w_tile, d_tile, zero):
+def _unit_lower_inverse(d_blocks, l_tile, n_tile, d_tile, zero):
     """(I + A)^-1 for strictly lower-triangular A [BT, BT] (BT = 64), blocked by 16 (docs/algorithm.md): I + A =
     D (I + N) with D = I + Lb, Lb the diagonal 16 x 16 blocks of A and L the rest, N = D^-1 L, N^4 = 0.
     d_blocks holds D^-1's blocks (_invert_diagonal_blocks), l_tile -L and d_tile D^-1 (fp16, staged by
@@ -690,16 +690,16 @@ def _unit_lower_inverse(d_blocks, l_tile, n_tile, w_tile, d_tile, zero):
     accumulators are the only registers they hold (one round trip fewer: 0.5-1 % of the kernel). N' with D^-1 as
     its register A operand either spills (14 values) or makes ptxas serialise every wgmma (C7512). A tile is
     rewritten at least two stages after its last read, so the barrier of the stage in between orders every warp's
-    wgmma wait before the store; w_tile may be l_tile (InverseScratch), whose one read, N', is a stage before W.
-    The warp-specialised gdn_prepare shares this inverse (InverseScratch)."""
+    wgmma wait before the store; W is staged in l_tile, whose one read, N', is a stage before it. The
+    warp-specialised gdn_prepare shares this inverse (InverseScratch)."""
     n = warpgroup_mma(d_tile, l_tile, zero, use_acc=False, is_async=True)  # N' = -N
     n = warpgroup_mma_wait(0, deps=[n])
     _stage(n_tile, n)
     n2 = warpgroup_mma(n_tile, n_tile, zero, use_acc=False, is_async=True)
     w = warpgroup_mma(n_tile, d_tile, _block_diagonal(d_blocks, zero), use_acc=True, is_async=True)  # D^-1 + N' D^-1
     n2, w = warpgroup_mma_wait(0, deps=[n2, w])
-    _stage(w_tile, w)
-    tc = _product(n2, w_tile, w, use_acc=True)
+    _stage(l_tile, w)
+    tc = _product(n2, l_tile, w, use_acc=True)
     return warpgroup_mma_wait(0, deps=[tc])
 
 
