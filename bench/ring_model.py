@@ -4,8 +4,10 @@ Each partition is its list of operations in kernel order: mbarrier waits and arr
 ring slots (the last read of a slot where a chunk reads it more than once). A run fails on a deadlock or on a read
 that finds another chunk's data in its slot. Configurations: the 128-row programs (two slots a ring, one aux
 partition, o through a staging tile of its own) and the 64-row ones (three slots a ring, two aux partitions, o
-through its chunk's Tv tile, whose terms slot the state partition frees in the next chunk). A model written by hand
-beside the kernel: change it with the kernel. No GPU:
+through its chunk's Tv tile, whose terms slot the state partition frees in the next chunk); and the prototype of
+bench/terms_program.py (one or two terms programs handing each chunk's terms to two 64-row state programs through
+rings in global memory with ready and consumed counters, the terms leaving by TMA stores that complete some steps
+later: terms_run). A model written by hand beside the kernel: change it with the kernel. No GPU:
     python3 bench/ring_model.py [--runs N]
 mbarrier semantics: a wait on parity p passes while the barrier's current phase has the other parity (a fresh
 barrier passes a wait on 1); a TMA load is its writes and the ready arrive at once.
@@ -112,20 +114,52 @@ def state_ops(n_chunks, r):
 def run(n_chunks, r, rng):
     """True, or what went wrong, for one random schedule of a sequence of n_chunks chunks."""
     counts = {"in_ready": 1, "in_empty": 2, "rq_ready": 1, "g_ready": 1, "t_ready": 1, "t_empty": 1}
-    bars = {name: [Barrier(count) for _ in range(r.slots)] for name, count in counts.items()}
-    slots = {buf: [None] * r.slots for buf in ("q", "k", "v", "rq", "gates", "terms")}
     aux = [aux_ops(n_chunks, r, 0, 2), aux_ops(n_chunks, r, 1, 2)] if r.two_aux else [aux_ops(n_chunks, r, 0, 1)]
     parts = [load_ops(n_chunks, r), norms_ops(n_chunks, r), state_ops(n_chunks, r)] + aux
+    return execute(parts, {name: [Barrier(count) for _ in range(r.slots)] for name, count in counts.items()},
+                   {buf: [None] * r.slots for buf in ("q", "k", "v", "rq", "gates", "terms")}, {}, rng)
+
+
+# how often a pending TMA store is the step taken while partitions can run: seldom, so that a slow store's window
+# (its slot still to be read, its global slot still to be written) stays open across many other steps
+ENGINE_PACE = 0.05
+
+
+def execute(parts, bars, slots, counters, rng):
+    """Runs the partitions' operations in a random interleaving: True, or the deadlock or stale read it met.
+    Besides mbarrier waits and arrives and slot reads and writes: waits for a global counter to reach a value, its
+    adds and sets, and TMA stores, each issued into its engine's queue (("issue", engine, from, slot, value, to,
+    slot)), which reads its shared-memory slot and writes its global slot at some later step, and a wait for an
+    engine's queue to empty ("complete": cp.async.bulk.wait_group 0)."""
+    engines = {}
     at = [0] * len(parts)
+
+    def ready(i):
+        kind, name, *rest = parts[i][at[i]]
+        if kind == "wait":
+            return bars[name][rest[0]].passes(rest[1])
+        if kind == "wait_ge":
+            return counters[name][rest[0]] >= rest[1]
+        if kind == "complete":
+            return not engines.get(name)
+        return True
     while True:
         live = [i for i, ops in enumerate(parts) if at[i] < len(ops)]
-        if not live:
+        busy = [e for e, queue in engines.items() if queue]
+        if not live and not busy:
             return True
-        runnable = [i for i in live if parts[i][at[i]][0] != "wait"
-                    or bars[parts[i][at[i]][1]][parts[i][at[i]][2]].passes(parts[i][at[i]][3])]
+        runnable = [("part", i) for i in live if ready(i)]
+        if busy and (not runnable or rng.random() < ENGINE_PACE):
+            runnable = [("engine", e) for e in busy]
         if not runnable:
             return f"deadlock: {[parts[i][at[i]] for i in live]}"
-        i = rng.choice(runnable)
+        who, i = rng.choice(runnable)
+        if who == "engine":
+            src, src_slot, value, dst, dst_slot = engines[i].pop(0)
+            if slots[src][src_slot] != value:
+                return f"a TMA store read {src}[{src_slot}] = {slots[src][src_slot]!r}, wanted {value!r}"
+            slots[dst][dst_slot] = value
+            continue
         kind, name, slot, *value = parts[i][at[i]]
         at[i] += 1
         if kind == "arrive":
@@ -134,19 +168,130 @@ def run(n_chunks, r, rng):
             slots[name][slot] = value[0]
         elif kind == "read" and slots[name][slot] != value[0]:
             return f"partition {i} read {name}[{slot}] = {slots[name][slot]!r}, wanted chunk {value[0]}"
+        elif kind == "add":
+            counters[name][slot] += value[0]
+        elif kind == "set":
+            counters[name][slot] = value[0]
+        elif kind == "issue":
+            engines.setdefault(name, []).append((slot, *value))
+
+
+# --- a terms program beside the 64-row state programs (bench/terms_program.py's diffs): chunk c's terms come from
+# terms program c % programs, its j-th chunk (j = c // programs), through ring slot j % EXCHANGE_SLOTS in global
+# memory, whose ready counter the terms program sets to j + 1 once its TMA store is complete and whose consumed
+# counter each of the two state programs' importers raises by one once it has copied the slot
+EXCHANGE_SLOTS = 8
+TERMS_AUX = 3  # aux partitions of a terms program, every third of its chunks each
+
+
+def own(*op):
+    """An operation on the program's own barriers or buffers (see in_program)."""
+    return ("own",) + op
+
+
+def in_program(prefix, ops):
+    """ops with the names of `own` ones put in program `prefix`'s namespace (the rest are global or engines)."""
+    return [(op[1], f"{prefix}.{op[2]}", *op[3:]) if op[0] == "own" else op for op in ops]
+
+
+def slot_op(kind, buf, j, n, value):
+    return own(kind, buf, j % n, value)
+
+
+def terms_load_ops(t, chunks, n):
+    """A terms program's loads of its j-th chunk (chunk chunks[j]): gate and input slots once its aux partitions
+    freed them, and only once both state programs imported the chunk EXCHANGE_SLOTS before it."""
+    ops = []
+    for j, c in enumerate(chunks):
+        ops += [own(*wait_empty("g_empty", j, n)),
+                ("wait_ge", f"consumed{t}", j % EXCHANGE_SLOTS, 2 * (j // EXCHANGE_SLOTS)),
+                slot_op("write", "gates", j, n, c), own(*arrive("g_ready", j, n)),
+                own(*wait_empty("in_empty", j, n)), slot_op("write", "q", j, n, c), slot_op("write", "k", j, n, c),
+                own(*arrive("in_ready", j, n))]
+    return ops
+
+
+def terms_aux_ops(t, chunks, n, a):
+    """Aux partition a of a terms program: its chunks' terms in its own terms slot (slot a), out by TMA; the previous
+    chunk's store completed (and its ready counter set) before the slot is rewritten; its input and gate slots freed
+    after q k^T (the rk it writes into the gate slot comes first)."""
+    engine = f"t{t}.aux{a}"
+
+    def complete(j):
+        return [("complete", engine, None), ("set", f"ready{t}", j % EXCHANGE_SLOTS, j + 1)]
+    mine, ops = list(range(a, len(chunks), TERMS_AUX)), []
+    for j in mine:
+        c = chunks[j]
+        ops += [own(*wait_ready("in_ready", j, n)), slot_op("read", "k", j, n, c),
+                own(*wait_ready("g_ready", j, n)), slot_op("write", "gates", j, n, c)]
+        if j != mine[0]:
+            ops += complete(j - TERMS_AUX)
+        ops += [own("write", "terms", a, c), slot_op("read", "gates", j, n, c), slot_op("read", "q", j, n, c),
+                slot_op("read", "k", j, n, c), own(*arrive("in_empty", j, n)), own(*arrive("in_empty", j, n)),
+                own(*arrive("g_empty", j, n)), own("write", "terms", a, c),
+                ("issue", engine, f"t{t}.terms", a, c, f"ring{t}", j % EXCHANGE_SLOTS)]
+    return ops + (complete(mine[-1]) if mine else [])
+
+
+def input_load_ops(n_chunks, n):
+    """A state program's loads beside terms programs: its inputs only (no gates: its importers need none)."""
+    return [own(*op) for c in range(n_chunks) for op in (wait_empty("in_empty", c, n), write("q", c, n),
+                                                         write("k", c, n), write("v", c, n), arrive("in_ready", c, n))]
+
+
+def importer_ops(n_chunks, programs, i, n):
+    """A state program's importer i: chunks i, i + 2, ..., each from its terms program's ring into its terms
+    slot, once the state freed the slot and the ring slot is ready."""
+    ops = []
+    for c in range(i, n_chunks, 2):
+        t, j = c % programs, c // programs
+        s = j % EXCHANGE_SLOTS
+        ops += [own(*wait_empty("t_empty", c, n)), ("wait_ge", f"ready{t}", s, j + 1), ("read", f"ring{t}", s, c),
+                own(*write("terms", c, n)), own(*arrive("t_ready", c, n)), ("add", f"consumed{t}", s, 1)]
+    return ops
+
+
+def terms_run(n_chunks, programs, rng):
+    """One random schedule of a sequence of n_chunks chunks: `programs` terms programs and two state programs
+    (the 64-row configuration, their aux partitions importing)."""
+    r = Rings(3, True, True)
+    n = r.slots
+    counts = {"in_ready": 1, "in_empty": 2, "rq_ready": 1, "g_ready": 1, "t_ready": 1, "t_empty": 1, "g_empty": 1}
+    bars, slots, counters, parts = {}, {}, {}, []
+    for prog in ["s0", "s1"] + [f"t{t}" for t in range(programs)]:
+        bars.update({f"{prog}.{name}": [Barrier(count) for _ in range(n)] for name, count in counts.items()})
+        slots.update({f"{prog}.{buf}": [None] * n for buf in ("q", "k", "v", "rq", "gates", "terms")})
+    for t in range(programs):
+        slots[f"ring{t}"] = [None] * EXCHANGE_SLOTS
+        counters[f"ready{t}"], counters[f"consumed{t}"] = [0] * EXCHANGE_SLOTS, [0] * EXCHANGE_SLOTS
+        chunks = list(range(t, n_chunks, programs))
+        parts.append(in_program(f"t{t}", terms_load_ops(t, chunks, n)))
+        parts += [in_program(f"t{t}", terms_aux_ops(t, chunks, n, a)) for a in range(TERMS_AUX)]
+    for p in ("s0", "s1"):
+        parts += [in_program(p, input_load_ops(n_chunks, n))]
+        parts += [in_program(p, [own(*op) for op in ops]) for ops in (norms_ops(n_chunks, r), state_ops(n_chunks, r))]
+        parts += [in_program(p, importer_ops(n_chunks, programs, i, n)) for i in range(2)]
+    return execute(parts, bars, slots, counters, rng)
 
 
 CONFIGS = {"BV 128: two slots, one aux partition, o through a staging tile": Rings(2, False, False),
            "BV 64: three slots, two aux partitions, o through its chunk's Tv tile": Rings(3, True, True)}
 
 
+# bench/terms_program.diff and terms_program_two.diff: terms programs a (sequence, head)
+TERMS_CONFIGS = {"terms program beside the 64-row state programs": 1, "two terms programs, every other chunk": 2}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=4000, help="random schedules a configuration (0-14 chunks each)")
+    ap.add_argument("--runs", type=int, default=4000, help="random schedules a configuration (0-14 chunks each; "
+                    "0-30 with terms programs, so that their rings wrap)")
     args = ap.parse_args()
     rng = random.Random(1)
-    for label, rings in CONFIGS.items():
-        failed = [r for r in (run(rng.randint(0, 14), rings, rng) for _ in range(args.runs)) if r is not True]
+    runs = {label: (lambda rings=rings: run(rng.randint(0, 14), rings, rng)) for label, rings in CONFIGS.items()}
+    runs.update({label: (lambda k=k: terms_run(rng.randint(0, 30), k, rng)) for label, k in TERMS_CONFIGS.items()})
+    for label, one in runs.items():
+        failed = [r for r in (one() for _ in range(args.runs)) if r is not True]
         print(f"{label}: {args.runs} runs, {len(failed)} failed" + (f"; first: {failed[0]}" if failed else ""))
 
 
