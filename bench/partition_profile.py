@@ -11,10 +11,11 @@ partition's other warps. Two steps, from the repository root:
 record JIT-compiles the checkout's kernels/fused_sm90.py (bench/fused_ablate.py's copy and launch), runs it twice,
 profiles the third launch under ncu (--set full, --clock-control none) and exports its SASS source page with the
 stall-reason columns. report finds the loops from the predicated backward branches of that SASS and prints, for
-each loop of at least --min-insns instructions: the partition it is (state, aux, load or norms, told apart by
-opcodes only that partition has: loop_role), its samples and share of the kernel's, the leading stall reasons,
-and the instructions with the most samples, each with the one before it (which names the barrier or product);
-where the export has the columns, also the loop's shared-memory wavefronts a warp an iteration, by opcode.
+each loop of at least --min-insns instructions: the partition it is (state, aux, load or norms, and import in
+bench/terms_program.py's prototype, told apart by opcodes only that partition has: loop_role), its samples and
+share of the kernel's, the leading stall reasons, and the instructions with the most samples, each with the one
+before it (which names the barrier or product); where the export has the columns, also the loop's shared-memory
+wavefronts a warp an iteration, by opcode.
 With --phases, each loop also in phases: its body cut after every partition barrier, wgmma wait, mbarrier wait
 (with its retry branch) or arrive, and async-proxy fence, each phase with its instructions and share of the loop's
 samples (docs/performance.md groups them into named steps).
@@ -118,10 +119,12 @@ def phases(body):
     return out
 
 
-# what tells gdn_fused's (sm_90a) partitions apart in a loop's opcodes, checked in this order: the state stores o by
-# TMA, the aux inverts the diagonal blocks on mma.sync, the load issues the TMA loads, the norms read q rows from
-# shared memory and take their inverse square roots
-ROLE_MARKS = (("state", ("UTMASTG",)), ("aux", ("HMMA",)), ("load", ("UTMALDG",)), ("norms", ("LDS", "MUFU")))
+# what tells gdn_fused's (sm_90a) partitions apart in a loop's opcodes, checked in this order: the aux inverts the
+# diagonal blocks on mma.sync, the state stores o by TMA, the load issues the TMA loads, the norms read q rows from
+# shared memory and take their inverse square roots; and in bench/terms_program.py's prototype (whose aux partitions
+# also store by TMA, hence aux before state) the importers' acquire loads invalidate L1 (CCTL)
+ROLE_MARKS = (("aux", ("HMMA",)), ("state", ("UTMASTG",)), ("load", ("UTMALDG",)), ("norms", ("LDS", "MUFU")),
+              ("import", ("CCTL",)))
 
 
 def loop_role(opcodes):
