@@ -1,6 +1,8 @@
-"""A prototype of gdn_fused with terms programs: each (sequence, value head) gets, beside its two 64-row state
-programs, programs that compute every chunk's state-independent terms once and hand them to both through global
-memory, instead of each state program computing them itself (docs/design.md, "A terms program").
+"""gdn_fused with terms programs (a prototype), checked bit for bit against gdn_fused and timed beside it.
+
+Each (sequence, value head) gets, beside its two 64-row state programs, programs that compute every chunk's
+state-independent terms once and hand them to both through global memory, instead of each state program computing
+them itself (docs/design.md, "A terms program").
 
 The kernel is a diff applied to a temporary copy of kernels/fused_sm90.py (never to the checkout; `git apply
 bench/terms_program.diff` makes the same change there): bench/terms_program.diff has one terms program a
