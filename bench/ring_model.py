@@ -57,23 +57,25 @@ def write(buf, c, n, value=None):
     return ("write", buf, c % n, c if value is None else value)
 
 
-def read(buf, c, n):
-    return ("read", buf, c % n, c)
+def read(buf, c, n, value=None):
+    return ("read", buf, c % n, c if value is None else value)
+
+
+def request_ops(c, n):
+    """The TMA of chunk c's q, k and v tiles into its input slot, once the slot is free (_request_inputs)."""
+    return [wait_empty("in_empty", c, n), write("q", c, n), write("k", c, n), write("v", c, n),
+            arrive("in_ready", c, n)]
 
 
 def load_ops(n_chunks, r):
     """Gates a chunk ahead of the tiles; a gate slot waits for the terms of the chunk that last used it
     (_wait_gate_slot)."""
     n = r.slots
-
-    def request(c):
-        return [wait_empty("in_empty", c, n), write("q", c, n), write("k", c, n), write("v", c, n),
-                arrive("in_ready", c, n)]
-    ops = [write("gates", 0, n), arrive("g_ready", 0, n)] + request(0) if n_chunks else []
+    ops = [write("gates", 0, n), arrive("g_ready", 0, n)] + request_ops(0, n) if n_chunks else []
     for c in range(1, n_chunks):
         if c >= n:
             ops.append(wait_ready("t_ready", c - n, n))
-        ops += [write("gates", c, n), arrive("g_ready", c, n)] + request(c)
+        ops += [write("gates", c, n), arrive("g_ready", c, n)] + request_ops(c, n)
     return ops
 
 
@@ -113,11 +115,23 @@ def state_ops(n_chunks, r):
 
 def run(n_chunks, r, rng):
     """True, or what went wrong, for one random schedule of a sequence of n_chunks chunks."""
-    counts = {"in_ready": 1, "in_empty": 2, "rq_ready": 1, "g_ready": 1, "t_ready": 1, "t_empty": 1}
     aux = [aux_ops(n_chunks, r, 0, 2), aux_ops(n_chunks, r, 1, 2)] if r.two_aux else [aux_ops(n_chunks, r, 0, 1)]
     parts = [load_ops(n_chunks, r), norms_ops(n_chunks, r), state_ops(n_chunks, r)] + aux
-    return execute(parts, {name: [Barrier(count) for _ in range(r.slots)] for name, count in counts.items()},
-                   {buf: [None] * r.slots for buf in ("q", "k", "v", "rq", "gates", "terms")}, {}, rng)
+    return execute(parts, barriers(r.slots), buffers(r.slots), {}, rng)
+
+
+# a program's mbarriers, each with the arrivals that complete a phase (g_empty: only the terms programs use it),
+# and its shared-memory buffers
+BARRIER_COUNTS = {"in_ready": 1, "in_empty": 2, "rq_ready": 1, "g_ready": 1, "t_ready": 1, "t_empty": 1, "g_empty": 1}
+BUFFERS = ("q", "k", "v", "rq", "gates", "terms")
+
+
+def barriers(slots, prefix=""):
+    return {prefix + name: [Barrier(count) for _ in range(slots)] for name, count in BARRIER_COUNTS.items()}
+
+
+def buffers(slots, prefix=""):
+    return {prefix + buf: [None] * slots for buf in BUFFERS}
 
 
 # how often a pending TMA store is the step taken while partitions can run: seldom, so that a slow store's window
@@ -194,10 +208,6 @@ def in_program(prefix, ops):
     return [(op[1], f"{prefix}.{op[2]}", *op[3:]) if op[0] == "own" else op for op in ops]
 
 
-def slot_op(kind, buf, j, n, value):
-    return own(kind, buf, j % n, value)
-
-
 def terms_load_ops(t, chunks, n):
     """A terms program's loads of its j-th chunk (chunk chunks[j]): gate and input slots once its aux partitions
     freed them, and only once both state programs imported the chunk EXCHANGE_SLOTS before it."""
@@ -205,8 +215,8 @@ def terms_load_ops(t, chunks, n):
     for j, c in enumerate(chunks):
         ops += [own(*wait_empty("g_empty", j, n)),
                 ("wait_ge", f"consumed{t}", j % EXCHANGE_SLOTS, 2 * (j // EXCHANGE_SLOTS)),
-                slot_op("write", "gates", j, n, c), own(*arrive("g_ready", j, n)),
-                own(*wait_empty("in_empty", j, n)), slot_op("write", "q", j, n, c), slot_op("write", "k", j, n, c),
+                own(*write("gates", j, n, c)), own(*arrive("g_ready", j, n)),
+                own(*wait_empty("in_empty", j, n)), own(*write("q", j, n, c)), own(*write("k", j, n, c)),
                 own(*arrive("in_ready", j, n))]
     return ops
 
@@ -222,12 +232,12 @@ def terms_aux_ops(t, chunks, n, a):
     mine, ops = list(range(a, len(chunks), TERMS_AUX)), []
     for j in mine:
         c = chunks[j]
-        ops += [own(*wait_ready("in_ready", j, n)), slot_op("read", "k", j, n, c),
-                own(*wait_ready("g_ready", j, n)), slot_op("write", "gates", j, n, c)]
+        ops += [own(*wait_ready("in_ready", j, n)), own(*read("k", j, n, c)),
+                own(*wait_ready("g_ready", j, n)), own(*write("gates", j, n, c))]
         if j != mine[0]:
             ops += complete(j - TERMS_AUX)
-        ops += [own("write", "terms", a, c), slot_op("read", "gates", j, n, c), slot_op("read", "q", j, n, c),
-                slot_op("read", "k", j, n, c), own(*arrive("in_empty", j, n)), own(*arrive("in_empty", j, n)),
+        ops += [own("write", "terms", a, c), own(*read("gates", j, n, c)), own(*read("q", j, n, c)),
+                own(*read("k", j, n, c)), own(*arrive("in_empty", j, n)), own(*arrive("in_empty", j, n)),
                 own(*arrive("g_empty", j, n)), own("write", "terms", a, c),
                 ("issue", engine, f"t{t}.terms", a, c, f"ring{t}", j % EXCHANGE_SLOTS)]
     return ops + (complete(mine[-1]) if mine else [])
@@ -235,8 +245,7 @@ def terms_aux_ops(t, chunks, n, a):
 
 def input_load_ops(n_chunks, n):
     """A state program's loads beside terms programs: its inputs only (no gates: its importers need none)."""
-    return [own(*op) for c in range(n_chunks) for op in (wait_empty("in_empty", c, n), write("q", c, n),
-                                                         write("k", c, n), write("v", c, n), arrive("in_ready", c, n))]
+    return [own(*op) for c in range(n_chunks) for op in request_ops(c, n)]
 
 
 def importer_ops(n_chunks, programs, i, n):
@@ -256,11 +265,10 @@ def terms_run(n_chunks, programs, rng):
     (the 64-row configuration, their aux partitions importing)."""
     r = Rings(3, True, True)
     n = r.slots
-    counts = {"in_ready": 1, "in_empty": 2, "rq_ready": 1, "g_ready": 1, "t_ready": 1, "t_empty": 1, "g_empty": 1}
     bars, slots, counters, parts = {}, {}, {}, []
     for prog in ["s0", "s1"] + [f"t{t}" for t in range(programs)]:
-        bars.update({f"{prog}.{name}": [Barrier(count) for _ in range(n)] for name, count in counts.items()})
-        slots.update({f"{prog}.{buf}": [None] * n for buf in ("q", "k", "v", "rq", "gates", "terms")})
+        bars.update(barriers(n, f"{prog}."))
+        slots.update(buffers(n, f"{prog}."))
     for t in range(programs):
         slots[f"ring{t}"] = [None] * EXCHANGE_SLOTS
         counters[f"ready{t}"], counters[f"consumed{t}"] = [0] * EXCHANGE_SLOTS, [0] * EXCHANGE_SLOTS
