@@ -118,17 +118,19 @@ def inputs(lens, HV=32, H=16, dtype=torch.bfloat16, seed=0):
     return q, k, v, g, beta, cu, h0
 
 
-def launch(kernel, q, k, v, g, beta, cu, h0, o, ht, BV=V):
+def launch(kernel, q, k, v, g, beta, cu, h0, o, ht, BV=V, extra_programs=0, extra_args=(), **constexprs):
+    """One launch on a (num_seqs, HV, V // BV + extra_programs) grid; extra_args follow the kernel's own parameters
+    and constexprs are added to its own (what a copy with more programs and parameters takes: terms_program.py)."""
     abi = importlib.import_module(kernel.fn.__module__.rsplit(".", 1)[0])  # the flag bits, from the kernel's copy
     T, H, HV = q.shape[1], q.shape[2], v.shape[2]
     flags = abi.FUSED_L2NORM | abi.FUSED_HAS_H0 | abi.FUSED_STORE_HT
     # as the build compiles it: the state's BV / 16 warps, a full register file for all the partitions' warps
     warps = abi.FUSED_WS_WARPS
     # g, g: the A_log, dt_bias a GATING=False kernel never reads; ht, 0, cu, 0: no checkpoints
-    kernel[(len(cu) - 1, HV, V // BV)](q, k, v, g, beta, g, g, cu, h0, ht, cu, o, K ** -0.5, T, H, HV, flags, ht, 0,
-                                       cu, 0, K=K, V=V, BT=64, BV=BV, IS_VARLEN=True, TRANSPOSE_STATE=False,
-                                       GATING=False, CHECKPOINTS=False, num_warps=BV // 16,
-                                       maxnreg=65536 // (32 * warps))
+    kernel[(len(cu) - 1, HV, V // BV + extra_programs)](
+        q, k, v, g, beta, g, g, cu, h0, ht, cu, o, K ** -0.5, T, H, HV, flags, ht, 0, cu, 0, *extra_args, K=K, V=V,
+        BT=64, BV=BV, IS_VARLEN=True, TRANSPOSE_STATE=False, GATING=False, CHECKPOINTS=False, num_warps=BV // 16,
+        maxnreg=65536 // (32 * warps), **constexprs)
 
 
 def check(kernel, BV):

@@ -19,7 +19,6 @@ would hang).
 """
 import argparse
 import dataclasses
-import importlib
 import os
 import re
 import sys
@@ -95,16 +94,10 @@ class Prototype:
 
 def launch(kernel, programs, q, k, v, g, beta, cu, h0, o, ht, ring):
     """The prototype on a (num_seqs, HV, 2 + programs) grid: V tiles 0 and 1 are the state programs, the rest the
-    terms programs."""
-    abi = importlib.import_module(kernel.fn.__module__.rsplit(".", 1)[0])
-    T, H, HV = q.shape[1], q.shape[2], v.shape[2]
-    flags = abi.FUSED_L2NORM | abi.FUSED_HAS_H0 | abi.FUSED_STORE_HT
-    tiles, scalings, counters = ring
-    counters.zero_()
-    kernel[(len(cu) - 1, HV, 2 + programs)](
-        q, k, v, g, beta, g, g, cu, h0, ht, cu, o, fused_ablate.K ** -0.5, T, H, HV, flags, ht, 0, cu, 0, tiles,
-        scalings, counters, K=fused_ablate.K, V=fused_ablate.V, BT=64, BV=64, IS_VARLEN=True, TRANSPOSE_STATE=False,
-        GATING=False, CHECKPOINTS=False, TERMS_PROGRAM=True, num_warps=4, maxnreg=128)
+    terms programs; its counters zeroed first."""
+    ring[2].zero_()
+    fused_ablate.launch(kernel, q, k, v, g, beta, cu, h0, o, ht, 64, extra_programs=programs, extra_args=ring,
+                        TERMS_PROGRAM=True)
 
 
 def check(base, terms, proto):

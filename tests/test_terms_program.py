@@ -41,23 +41,25 @@ def test_the_prototype_compiles_for_sm90a(tmp_path, name):
     pytest.importorskip("triton")
     import triton
     from gdn_aot.build.sass import disassemble, opcode_counts, summary
+    from gdn_aot.kernels import KERNELS, Variant
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     # a package name of its own: fused_ablate.load imports the copy, and a second import of one name is cached
     fn = fused_ablate.load(name.removesuffix(".diff"), lambda kernel: terms_program.apply(kernel, DIFFS[name]))
-    pointers = dict(q="bf16", k="bf16", v="bf16", o="bf16", exchange_tiles="bf16", cu_seqlens="i32",
-                    state_indices="i32", checkpoint_cu_starts="i64", exchange_counters="i32")
-    scalars = dict(scale="fp32", T="i32", H="i32", HV="i32", flags="i32", checkpoint_rows="i64",
-                   checkpoint_every_n_tokens="i32")
-    consts = dict(K=128, V=128, BT=64, BV=64, IS_VARLEN=True, TRANSPOSE_STATE=False, GATING=False,
-                  CHECKPOINTS=False, TERMS_PROGRAM=True, num_warps=4)
+    # gdn_fused's 64-row varlen variant as the build compiles it, plus the prototype's parameters and switch
+    kd = KERNELS["gdn_fused"]
+    variant = Variant("gdn_fused", "sm_90a", K=128, V=128, BT=64, BK=128, BV=64, dtype="bf16", varlen=True,
+                      transpose=False, num_warps=16, num_stages=1)
+    consts = {**kd.constexprs(variant), "TERMS_PROGRAM": True}
+    types = {**kd.signature(variant), "exchange_tiles": "*bf16", "exchange_scalings": "*fp32",
+             "exchange_counters": "*i32", "TERMS_PROGRAM": "constexpr"}
     names = list(fn.arg_names)
-    signature = {a: "constexpr" if a in consts else scalars.get(a) or "*" + pointers.get(a, "fp32") for a in names}
+    signature = {a: types[a] for a in names}
     src = GluonASTSource(fn=fn, signature=signature, constexprs={(names.index(a),): v for a, v in consts.items()},
                          attrs={(i,): [["tt.divisibility", 16]] for i, a in enumerate(names)
                                 if signature[a].startswith("*")})
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": 128})
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=kd.compile_options(variant))
     cubin = tmp_path / "prototype.cubin"
     cubin.write_bytes(compiled.asm["cubin"])
     sass = disassemble(cubin, "sm_90a")
