@@ -53,20 +53,21 @@ def _cut(src, start, end, new):
 
 # the state partition's release of the previous chunk's terms slot (the 64-row programs), kept by the cuts through it
 RELEASE_PREVIOUS_TERMS = "        if o_in_terms:\n            _release_previous_terms(terms, c)\n"
+# the aux partition's wait for its chunk's terms slot
+CLAIM_TERMS_SLOT = "_claim_terms_slot(inputs, terms, c, o_in_terms, exchange, first, stride)\n"
 VARIANTS = {
     "fused": lambda s: s,
     "fused_copy": lambda s: s,
     "aux_stub": lambda s: _cut(
-        s, "        # --- k k^T, the gates", "        terms.bars.publish(c)",
-        "        gates.bars.wait_ready(c)\n        _wait_terms_slot(inputs, terms, c, o_in_terms)\n"
-        "        fence_async_shared()\n"),
+        s, "        # --- k k^T, the gates", "        _hand_over_terms(",
+        "        gates.bars.wait_ready(c)\n        " + CLAIM_TERMS_SLOT + "        fence_async_shared()\n"),
     "state_stub": lambda s: _cut(
         s, "        # kh = S k^T (critical path)", "        # o^T -> [BT, V] staging tile",
         RELEASE_PREVIOUS_TERMS + "        terms.bars.wait_ready(c)\n        terms.rq_bars.wait_ready(c)\n"
         "        inputs.bars.release(c)\n        o = gl.zeros([V, BT], gl.float32, acc_vt)\n"),
     "no_inverse": lambda s: _cut(s, "        tc = inverse.invert(", "        publish_inverse(", "        tc = kk * decay\n"),
     "unsynced": lambda s: _cut(_cut(s, "        terms.bars.wait_ready(c)\n        kh, qh", "        kh, qh", ""),
-                               "        _wait_terms_slot(", "        gam_r", ""),
+                               "        _claim_terms_slot(", "        gam_r", ""),
     "state_chain": lambda s: _state_chain(VARIANTS["aux_stub"](s)),
 }
 
@@ -118,19 +119,19 @@ def inputs(lens, HV=32, H=16, dtype=torch.bfloat16, seed=0):
     return q, k, v, g, beta, cu, h0
 
 
-def launch(kernel, q, k, v, g, beta, cu, h0, o, ht, BV=V, extra_programs=0, extra_args=(), **constexprs):
-    """One launch on a (num_seqs, HV, V // BV + extra_programs) grid; extra_args follow the kernel's own parameters
-    and constexprs are added to its own (what a copy with more programs and parameters takes: terms_program.py)."""
+def launch(kernel, q, k, v, g, beta, cu, h0, o, ht, BV=V):
+    """One launch on a (num_seqs, HV, V // BV) grid."""
     abi = importlib.import_module(kernel.fn.__module__.rsplit(".", 1)[0])  # the flag bits, from the kernel's copy
     T, H, HV = q.shape[1], q.shape[2], v.shape[2]
     flags = abi.FUSED_L2NORM | abi.FUSED_HAS_H0 | abi.FUSED_STORE_HT
     # as the build compiles it: the state's BV / 16 warps, a full register file for all the partitions' warps
     warps = abi.FUSED_WS_WARPS
-    # g, g: the A_log, dt_bias a GATING=False kernel never reads; ht, 0, cu, 0: no checkpoints
-    kernel[(len(cu) - 1, HV, V // BV + extra_programs)](
-        q, k, v, g, beta, g, g, cu, h0, ht, cu, o, K ** -0.5, T, H, HV, flags, ht, 0, cu, 0, *extra_args, K=K, V=V,
-        BT=64, BV=BV, IS_VARLEN=True, TRANSPOSE_STATE=False, GATING=False, CHECKPOINTS=False, num_warps=BV // 16,
-        maxnreg=65536 // (32 * warps), **constexprs)
+    # g, g: the A_log, dt_bias a GATING=False kernel never reads; ht, 0, cu, 0: no checkpoints; o, g, cu: the
+    # exchange regions only terms programs use
+    kernel[(len(cu) - 1, HV, V // BV)](
+        q, k, v, g, beta, g, g, cu, h0, ht, cu, o, K ** -0.5, T, H, HV, flags, ht, 0, cu, 0, o, g, cu, K=K, V=V,
+        BT=64, BV=BV, IS_VARLEN=True, TRANSPOSE_STATE=False, GATING=False, CHECKPOINTS=False, TERMS_PROGRAM=False,
+        num_warps=BV // 16, maxnreg=65536 // (32 * warps))
 
 
 def check(kernel, BV):

@@ -12,7 +12,7 @@ record JIT-compiles the checkout's kernels/fused_sm90.py (bench/fused_ablate.py'
 profiles the third launch under ncu (--set full, --clock-control none) and exports its SASS source page with the
 stall-reason columns. report finds the loops from the predicated backward branches of that SASS and prints, for
 each loop of at least --min-insns instructions: the partition it is (state, aux, load or norms, and import in
-bench/terms_program.py's prototype, told apart by opcodes only that partition has: loop_role), its samples and
+gdn_fused_terms, told apart by opcodes only that partition has: loop_role), its samples and
 share of the kernel's, the leading stall reasons, and the instructions with the most samples, each with the one
 before it (which names the barrier or product); where the export has the columns, also the loop's shared-memory
 wavefronts a warp an iteration, by opcode.
@@ -121,7 +121,7 @@ def phases(body):
 
 # what tells gdn_fused's (sm_90a) partitions apart in a loop's opcodes, checked in this order: the aux inverts the
 # diagonal blocks on mma.sync, the state stores o by TMA, the load issues the TMA loads, the norms read q rows from
-# shared memory and take their inverse square roots; and in bench/terms_program.py's prototype (whose aux partitions
+# shared memory and take their inverse square roots; and in gdn_fused_terms (whose terms programs' aux partitions
 # also store by TMA, hence aux before state) the importers' acquire loads invalidate L1 (CCTL)
 ROLE_MARKS = (("aux", ("HMMA",)), ("state", ("UTMASTG",)), ("load", ("UTMALDG",)), ("norms", ("LDS", "MUFU")),
               ("import", ("CCTL",)))

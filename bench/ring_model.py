@@ -4,8 +4,8 @@ Each partition is its list of operations in kernel order: mbarrier waits and arr
 ring slots (the last read of a slot where a chunk reads it more than once). A run fails on a deadlock or on a read
 that finds another chunk's data in its slot. Configurations: the 128-row programs (two slots a ring, one aux
 partition, o through a staging tile of its own) and the 64-row ones (three slots a ring, two aux partitions, o
-through its chunk's Tv tile, whose terms slot the state partition frees in the next chunk); and the prototype of
-bench/terms_program.py (one or two terms programs handing each chunk's terms to two 64-row state programs through
+through its chunk's Tv tile, whose terms slot the state partition frees in the next chunk); and gdn_fused_terms
+(TERMS_PROGRAM in kernels/fused_sm90.py: terms programs handing each chunk's terms to two 64-row state programs through
 rings in global memory with ready and consumed counters, the terms leaving by TMA stores that complete some steps
 later: terms_run). A model written by hand beside the kernel: change it with the kernel. No GPU:
     python3 bench/ring_model.py [--runs N]
@@ -190,7 +190,7 @@ def execute(parts, bars, slots, counters, rng):
             engines.setdefault(name, []).append((slot, *value))
 
 
-# --- a terms program beside the 64-row state programs (bench/terms_program.py's diffs): chunk c's terms come from
+# --- terms programs beside the 64-row state programs (gdn_fused_terms): chunk c's terms come from
 # terms program c % programs, its j-th chunk (j = c // programs), through ring slot j % EXCHANGE_SLOTS in global
 # memory, whose ready counter the terms program sets to j + 1 once its TMA store is complete and whose consumed
 # counter each of the two state programs' importers raises by one once it has copied the slot
@@ -286,7 +286,7 @@ CONFIGS = {"BV 128: two slots, one aux partition, o through a staging tile": Rin
            "BV 64: three slots, two aux partitions, o through its chunk's Tv tile": Rings(3, True, True)}
 
 
-# bench/terms_program.diff and terms_program_two.diff: terms programs a (sequence, head)
+# terms programs a (sequence, head): gdn_fused_terms has two (TERMS_PROGRAMS); one is how it was first prototyped
 TERMS_CONFIGS = {"terms program beside the 64-row state programs": 1, "two terms programs, every other chunk": 2}
 
 

@@ -37,7 +37,8 @@ DRIVER_FUNCTIONS = (
     "DevicePrimaryCtxRelease", "CtxGetCurrent", "CtxSetCurrent", "CtxSynchronize", "ModuleLoadData",
     "ModuleUnload", "ModuleGetFunction", "FuncSetAttribute", "FuncGetAttribute", "LaunchKernel",
     "GetErrorString", "GetErrorName", "MemAlloc", "MemFree", "MemcpyHtoD", "MemcpyDtoH", "MemsetD8",
-    "StreamSynchronize", "StreamCreate", "StreamDestroy",  # new entries only ever go at the end (struct layout)
+    "StreamSynchronize", "StreamCreate", "StreamDestroy", "MemsetD32Async", "LaunchKernelEx",
+    # new entries only ever go at the end (struct layout)
 )
 CFLAGS = ("-O2", "-shared", "-fPIC", "-Wall", "-Werror")
 LIBS = ("-ldl", "-lpthread")
@@ -59,7 +60,8 @@ def families(kernel_names) -> list[dict]:
     out = []
     for name in kernel_names:
         kd = KERNELS[name]
-        out.append({"name": name, "doc": kd.doc, "grid": kd.grid, "params": family_params(kd)})
+        out.append({"name": name, "doc": kd.doc, "grid": kd.grid, "params": family_params(kd),
+                    "cluster_z": name in abi.FAMILIES and abi.FAMILIES[name].cluster_z})
     return out
 
 
@@ -84,7 +86,7 @@ def _grid_expr(q) -> str:
         return str(q)
     if q not in abi.GRID_QUANTITIES:
         raise LauncherError(f"grid quantity {q!r} is not among {abi.GRID_QUANTITIES} (loader/abi.py)")
-    return q if q in ("slots", "ztiles") else f"a.{q}"
+    return q if q in ("slots", *abi.V_TILED) else f"a.{q}"
 
 
 def _launch(fam: abi.Family) -> dict:
@@ -101,9 +103,19 @@ def _launch(fam: abi.Family) -> dict:
 
 
 def _region(r: abi.Region) -> dict:
-    factors = "".join(f" * (uint64_t)a.{f}" if isinstance(f, str) else f" * {f}" for f in r.per_row_head)
+    """A region's size in C (over `a`, and hv_rows or seq_heads), for the plan; `words`: a zeroed region's in int32
+    words, for gdn_aot_forward's memset."""
+    factors = "".join(f" * (uint64_t)a.{f}" if isinstance(f, str) else f" * {f}" for f in r.size)
+    count = {"row_head": "hv_rows", "seq_head": "seq_heads"}[r.per]
     uses = " || ".join(f"a.route == GDN_AOT_ROUTE_{name.upper()}" for name in r.routes)
-    return {"name": r.name, "size": f"({uses}) ? hv_rows{factors} : 0", "doc": r.doc}
+    constant = 1
+    for f in r.size:
+        constant *= f if isinstance(f, int) else 1
+    if r.zeroed and constant % 4:
+        raise LauncherError(f"zeroed region {r.name!r} is set by 4-byte words, so its size {r.size} needs a constant "
+                            "factor divisible by 4 (loader/abi.py REGIONS)")
+    return {"name": r.name, "size": f"({uses}) ? {count}{factors} : 0", "doc": r.doc,
+            "words": f"{count}{factors} / 4", "routes": r.routes, "zeroed": r.zeroed}
 
 
 def forward_context(kernel_names, arch: str) -> dict | None:
@@ -113,14 +125,16 @@ def forward_context(kernel_names, arch: str) -> dict | None:
         fams = abi.families_of(r.name)
         built = all(f.name in kernel_names for f in fams)
         refused = [f"!a->{f.handle}" for f in fams]  # gdn_check_route: a missing kernel, or a V tile not dividing V
-        if any("ztiles" in f.grid for f in fams):
+        if any(z in f.grid for f in fams for z in abi.V_TILED):
             refused += ["a->BV <= 0", "a->V % a->BV", "a->V / a->BV > 65535"]
         refused += [f"(a->options & GDN_AOT_FORWARD_{option})" for on, option, _ in r.refuses if on == arch]
         routes.append({"name": r.name, "NAME": r.name.upper(), "id": r.id, "built": built,
-                       "refused": " || ".join(refused), "launches": [_launch(f) for f in fams] if built else []})
+                       "refused": " || ".join(refused), "launches": [_launch(f) for f in fams] if built else [],
+                       "zeroed": [_region(g) for g in abi.REGIONS if g.zeroed and r.name in g.routes]})
     if not any(r["built"] for r in routes):
         return None
     return {"fields": abi.FORWARD_ARG_FIELDS, "plan_fields": abi.PLAN_FIELDS, "align": abi.WORKSPACE_ALIGN,
+            "terms_programs": abi.TERMS_PROGRAMS,
             "routes": routes, "regions": [_region(r) for r in abi.REGIONS]}
 
 
@@ -129,7 +143,7 @@ def render(arch: str, kernel_names, table: list[dict] | None = None) -> dict[str
     ctx = {"arch": arch, "abi_version": abi.LAUNCHER_ABI_VERSION, "families": families(kernel_names),
            "driver_functions": DRIVER_FUNCTIONS, "forward": forward_context(kernel_names, arch),
            "kernel_fields": abi.KERNEL_FIELDS, "options": abi.OPTIONS,
-           "flags": [fl for f in abi.FAMILIES.values() for fl in f.flags],
+           "flags": list({fl.name: fl for f in abi.FAMILIES.values() for fl in f.flags}.values()),
            "routes": abi.ROUTES.values(), "bounds": abi.BOUNDS, "row_fields": abi.DISPATCH_ROW_FIELDS,
            "dispatch": c_rows(table or []), "handles": [f.handle for f in abi.FAMILIES.values()]}
     env = _env()

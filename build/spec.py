@@ -220,10 +220,6 @@ def _kernel_variants(P: "_Parser", doc: dict, name: str, body, arches) -> tuple[
         raise P.err(kp, "expected a mapping of axes", body)
     kd = KERNELS[name]
     P.keys(body, KERNEL_KEYS, kp)
-    for arch in arches:
-        if arch_family(arch) not in kd.sources:
-            raise P.err(kp, f"kernel has no source for {arch} (KernelDef.sources has {sorted(kd.sources)}); drop "
-                        "the arch or the kernel", arch)
     K = P.int(body.get("K", doc.get("K")), f"{kp}.K" if "K" in body else "K", positive=True)
     V = P.int(body.get("V", doc.get("V")), f"{kp}.V" if "V" in body else "V", positive=True)
     ax = P.axes(body, kp, K, V)
@@ -243,6 +239,10 @@ def _kernel_variants(P: "_Parser", doc: dict, name: str, body, arches) -> tuple[
                 variants.append(v)
     if not variants:
         raise P.err(kp, "the cross product minus the exclusions is empty", body.get("exclude"))
+    for arch in dict.fromkeys(v.arch for v in variants):
+        if arch_family(arch) not in kd.sources:
+            raise P.err(kp, f"kernel has no source for {arch} (KernelDef.sources has {sorted(kd.sources)}); drop "
+                        f"the arch, exclude it ({{arch: {arch}}}) or drop the kernel", arch)
     return ax, variants
 
 

@@ -14,6 +14,8 @@ A forward is one of two routes (docs/algorithm.md has the math, docs/design.md t
 or
   gdn_fused    one program per (sequence, value head, V tile): the whole forward in one warp-specialised kernel
                (sm_90a tiles V by BV = 64 or 128, sm_100a takes BV = V)
+  gdn_fused_terms  (sm_90a) gdn_fused's 64-row programs beside TERMS_PROGRAMS terms programs a (sequence, value
+               head) that compute its chunks' terms once for both, a cluster of four; for batches of few heads
 gdn_scan and gdn_fused also write the prefix-cache state checkpoints (the state after every N tokens of each
 sequence) in their `checkpoints` variants (the CHECKPOINTS constexpr; common.Checkpoints); the others have none of
 that code.
@@ -106,21 +108,43 @@ GDN_SCAN = KernelDef(
     "h = e^gam_last h + k^T (e^(gam_last - gam) v_new)",
 )
 
+def _fused_constexprs(terms_program: bool):
+    def constexprs(v: Variant) -> dict:
+        return {"K": v.K, "V": v.V, "BT": v.BT, "BV": v.BV, "IS_VARLEN": v.varlen, "TRANSPOSE_STATE": v.transpose,
+                "GATING": v.gating, "CHECKPOINTS": v.checkpoints, "TERMS_PROGRAM": terms_program,
+                "num_warps": _fused_ws(v).compile_warps(v)}
+    return constexprs
+
+
+_FUSED_AXES = frozenset({"dtype", "K", "V", "BT", "BV", "varlen", "transpose", "state_dtype", "gating", "checkpoints"})
 GDN_FUSED = KernelDef(
     name="gdn_fused",
     params=abi.FAMILIES["gdn_fused"].kernel_params,
-    constexprs=lambda v: {"K": v.K, "V": v.V, "BT": v.BT, "BV": v.BV, "IS_VARLEN": v.varlen,
-                          "TRANSPOSE_STATE": v.transpose, "GATING": v.gating, "CHECKPOINTS": v.checkpoints,
-                          "num_warps": _fused_ws(v).compile_warps(v)},
+    constexprs=_fused_constexprs(False),
     options=lambda v: _fused_ws(v).options(v),
     sources={"sm90": ".fused_sm90:fused_kernel", "sm100": ".fused_sm100:fused_kernel"},
     grid=abi.FAMILIES["gdn_fused"].grid_doc,
-    uses_axes=frozenset({"dtype", "K", "V", "BT", "BV", "varlen", "transpose", "state_dtype", "gating",
-                         "checkpoints"}),
+    uses_axes=_FUSED_AXES,
     doc="per (sequence, value head, V tile): the whole forward, prepare and scan of every chunk in one program",
 )
+# gdn_fused's source with its terms programs (fused_sm90.py; sm_90a only, BV = 64): per (sequence, value head), the
+# two 64-row state programs and TERMS_PROGRAMS programs computing the chunks' terms for both, one cluster
+GDN_FUSED_TERMS = KernelDef(
+    name="gdn_fused_terms",
+    params=abi.FAMILIES["gdn_fused_terms"].kernel_params,
+    constexprs=_fused_constexprs(True),
+    options=lambda v: _fused_ws(v).options(v),
+    sources={"sm90": ".fused_sm90:fused_kernel"},
+    grid=abi.FAMILIES["gdn_fused_terms"].grid_doc,
+    uses_axes=_FUSED_AXES,
+    doc="per (sequence, value head): gdn_fused's 64-row state programs, their chunk terms computed once by the "
+    "terms programs beside them and handed over through the exchange regions (exchange_counters zero at launch)",
+)
 
-KERNELS: dict[str, KernelDef] = {kd.name: kd for kd in (GDN_PREPARE, GDN_SCAN, GDN_FUSED)}
+KERNELS: dict[str, KernelDef] = {kd.name: kd for kd in (GDN_PREPARE, GDN_SCAN, GDN_FUSED, GDN_FUSED_TERMS)}
+
+# the terms hand-over's shape (loader/abi.py), for fused_sm90.py
+TERMS_PROGRAMS, EXCHANGE_SLOTS, EXCHANGE_SCALINGS = abi.TERMS_PROGRAMS, abi.EXCHANGE_SLOTS, abi.EXCHANGE_SCALINGS
 
 # bits of the kernels' `flags` argument (the launcher ABI's, loader/abi.py): PREPARE_L2NORM, SCAN_HAS_H0, ...
 globals().update(abi.FLAGS)

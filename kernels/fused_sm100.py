@@ -256,9 +256,12 @@ def _state_partition(st, inputs, terms, o_desc, o_stage, seq_len, checkpoints):
 @gluon.jit
 def fused_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0, ht, state_indices, o, scale, T, H, HV, flags,
                  state_checkpoints, checkpoint_rows, checkpoint_cu_starts, checkpoint_every_n_tokens,
+                 exchange_tiles, exchange_scalings, exchange_counters,
                  K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, IS_VARLEN: gl.constexpr,
                  TRANSPOSE_STATE: gl.constexpr, GATING: gl.constexpr, CHECKPOINTS: gl.constexpr,
-                 num_warps: gl.constexpr):
+                 TERMS_PROGRAM: gl.constexpr, num_warps: gl.constexpr):
+    # the exchange parameters are gdn_fused_terms' (the launcher ABI's gdn_fused parameters), sm_90a only
+    gl.static_assert(not TERMS_PROGRAM, "no terms programs on sm_100a: its one program a value head computes the terms")
     gl.static_assert(num_warps == STATE_WARPS, "the default partition is the two state warpgroups")
     gl.static_assert(BV == V, "no V tiles: the state's V rows fill the 128 TMEM lanes of one tcgen05 M = 128")
     gl.static_assert(BT == 64, "one warpgroup owns a chunk's 64 rows in the aux partition (tcgen05 M = 64)")

@@ -61,6 +61,15 @@ partitions 38 % of their time (ncu, H100, 1 x 65536), and deeper rings alone did
 Shared memory at BV = 128 (175 KB of the 227 KB a CTA may have): inputs 2 x 48 KB, terms 2 x 18 KB, the inverse's
 three fp16 tiles 24 KB (an aux partition's), o staging 16 KB; at BV = 64, 226 KB: inputs 3 x 40 KB, terms
 3 x 18 KB, gates 3 KB, two aux partitions' inverse tiles; one program an SM.
+Terms programs (TERMS_PROGRAM, the gdn_fused_terms family; docs/design.md "Terms programs"): both 64-row programs of
+a value head compute the same chunk terms, and where few (sequence, head) pairs leave SMs idle the aux role bounds
+their chunk. With TERMS_PROGRAM a (sequence, head) has, beside its two state programs (grid z 0 and 1), TERMS_PROGRAMS
+terms programs (z 2 and 3, one cluster of four with them, so that all four run at once): terms program i computes
+the terms of chunks i, i + 2, ... in three aux partitions (the default partition's warpgroup is the third) and hands
+them over through its ring of EXCHANGE_SLOTS chunk slots in global memory (TermExchange: TMA stores, ready and
+consumed counters); the state programs' two aux partitions become importers (chunks 0, 2, .. from ring 0 and 1, 3, ..
+from ring 1), their load partition loads q, k and v only, and their norms and state partitions are gdn_fused's.
+The terms are computed by the same functions from the same tiles, so o and the state are bitwise gdn_fused's.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -70,6 +79,8 @@ from triton.language.core import _aggregate as aggregate
 
 from . import FUSED_HAS_H0 as _HAS_H0, FUSED_L2NORM as _L2NORM, FUSED_STORE_HT as _STORE_HT
 from . import FUSED_GATE_IN_KERNEL as _GATE_IN_KERNEL, FUSED_USE_INDICES as _USE_INDICES
+from . import EXCHANGE_SCALINGS as _EXCHANGE_SCALINGS, EXCHANGE_SLOTS as _EXCHANGE_SLOTS
+from . import TERMS_PROGRAMS as _TERMS_PROGRAMS
 from .common import (LOG2E, Checkpoints, GateSource, inverse_norm, load_state_tile, loop_variant,
                      row_tile_desc, sequence_and_head, sequence_bounds, state_io_layout, store_state_tile,
                      wgmma_layout)
@@ -104,7 +115,8 @@ K_SCALE = gl.constexpr(1)
 V_SCALE = gl.constexpr(2)
 O_SCALE = gl.constexpr(3)
 STATE_SCALE = gl.constexpr(4)  # e^gl in every entry
-SCALINGS = gl.constexpr(8)  # a power of two, so that a slot's rows are one tensor (the last three are unused)
+# a power of two, so that a slot's rows are one tensor (the last three are unused); the exchange's slots have as many
+SCALINGS = gl.constexpr(_EXCHANGE_SCALINGS)
 BLOCK = gl.constexpr(16)  # the inverse's diagonal blocks
 
 
@@ -259,6 +271,156 @@ class TermRing:
         slots = self.scalings._reinterpret(gl.float32, [self.p.shape[0], SCALINGS, BT],
                                            gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
         return slots.index(self.slot(chunk))
+
+
+EXCHANGE_SLOTS = gl.constexpr(_EXCHANGE_SLOTS)  # chunks a terms program may run ahead of its state programs
+TERMS_PROGRAMS = gl.constexpr(_TERMS_PROGRAMS)  # a (sequence, head)'s terms programs, each taking every other chunk
+
+
+def _spin_ptx(label):
+    return ("{ .reg .pred p; .reg .b32 v; " + label + ": ld.acquire.gpu.global.b32 v, [$1]; "
+            "setp.lt.s32 p, v, $2; @p nanosleep.u32 20; @p bra " + label + "; mov.b32 $0, v; }")
+
+
+SPIN_READY = gl.constexpr(_spin_ptx("SPIN_READY"))
+SPIN_FREE = gl.constexpr(_spin_ptx("SPIN_FREE"))
+# the thread that issued the partition's TMA stores waits for their writes (not only their reads)
+WRITES_COMPLETE = gl.constexpr("cp.async.bulk.wait_group 0; fence.proxy.async.global; mov.b32 $0, $1;")
+# orders the TMA (async proxy) after the generic-proxy synchronisation before it
+PROXY_FENCE = gl.constexpr("fence.proxy.async.global; mov.b32 $0, $1;")
+# one thread (index 0) of the partition, after the partition's barrier: a counter set
+RELEASE_STORE = gl.constexpr("{ .reg .pred p; setp.eq.s32 p, $2, 0; @p st.release.gpu.global.b32 [$1], $3; "
+                             "mov.b32 $0, 0; }")
+# one thread (index 0) of the partition, after the partition's barrier: one import done
+RELEASE_ADD = gl.constexpr("{ .reg .pred p; setp.eq.s32 p, $2, 0; @p red.release.gpu.global.add.s32 [$1], 1; "
+                           "mov.b32 $0, 0; }")
+
+
+@aggregate
+class TermExchange:
+    """A (sequence, value head)'s chunk terms in global memory, from its terms program to its state programs: a ring
+    of EXCHANGE_SLOTS slots (Tc diag(beta) and P [2, BT, BT] in the input dtype, by TMA through tiles; the scalings
+    [SCALINGS, BT] fp32 through scalings) and two int32 counters a slot: ready (chunk + 1 of the chunk last exported
+    into it) and consumed (imports of it by the state programs, two a chunk). Zero at launch."""
+    tiles: gl.tensor
+    scalings: gl.tensor
+    counters: gl.tensor
+    tiles_desc: tma.tensor_descriptor
+    scalings_desc: tma.tensor_descriptor
+    first_chunk: gl.tensor
+
+    @gluon.constexpr_function
+    def __init__(self, tiles, scalings, counters, tiles_desc, scalings_desc, first_chunk):
+        self.tiles = tiles
+        self.scalings = scalings
+        self.counters = counters
+        self.tiles_desc = tiles_desc
+        self.scalings_desc = scalings_desc
+        self.first_chunk = first_chunk
+
+    @gluon.jit
+    def chunk(self, j):
+        """The sequence's chunk that is this ring's j-th."""
+        return self.first_chunk + TERMS_PROGRAMS * j
+
+    @gluon.jit
+    def local_chunks(self, n_chunks):
+        """How many of a sequence's n_chunks chunks go through this ring."""
+        return gl.maximum(n_chunks - self.first_chunk + TERMS_PROGRAMS - 1, 0) // TERMS_PROGRAMS
+
+    @gluon.jit
+    def of_ring(tiles, scalings, counters, ring, first_chunk, BT: gl.constexpr):
+        p = ring.to(gl.int64) * EXCHANGE_SLOTS
+        tiles = tiles + p * 2 * BT * BT
+        scalings = scalings + p * SCALINGS * BT
+        tiles_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], tiles.dtype.element_ty)
+        tiles_desc = tma.make_tensor_descriptor(tiles, [EXCHANGE_SLOTS * 2 * BT, BT], [BT, 1], [BT, BT], tiles_layout)
+        plain: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+        scalings_desc = tma.make_tensor_descriptor(scalings, [EXCHANGE_SLOTS * SCALINGS, BT], [BT, 1], [SCALINGS, BT],
+                                                   plain)
+        return TermExchange(tiles, scalings, counters + p * 2, tiles_desc, scalings_desc, first_chunk)
+
+    @gluon.jit
+    def _one_a_thread(self, ptr, value, asm: gl.constexpr):
+        n: gl.constexpr = 32 * gl.num_warps()
+        layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+        idx = gl.arange(0, n, layout)
+        gl.inline_asm_elementwise(asm, "=r,l,r,r", [ptr + idx * 0, idx, gl.zeros([n], gl.int32, layout) + value],
+                                  dtype=gl.int32, is_pure=False, pack=1)
+
+    @gluon.jit
+    def _spin(self, ptr, target, asm: gl.constexpr):
+        n: gl.constexpr = 32 * gl.num_warps()
+        layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+        idx = gl.arange(0, n, layout)
+        gl.inline_asm_elementwise(asm, "=r,l,r", [ptr + idx * 0, gl.zeros([n], gl.int32, layout) + target],
+                                  dtype=gl.int32, is_pure=False, pack=1)
+
+    @gluon.jit
+    def wait_free(self, c):
+        """Until both state programs have imported the chunk EXCHANGE_SLOTS before chunk c (chunk c's ring slot)."""
+        s = c % EXCHANGE_SLOTS
+        self._spin(self.counters + s * 2 + 1, 2 * (c // EXCHANGE_SLOTS), SPIN_FREE)
+
+    @gluon.jit
+    def store(self, terms, c):
+        """Chunk c's terms, fenced in its terms slot, into its ring slot by TMA (the writes complete later). The
+        slot's last readers were generic loads in the state programs, ordered before this (their consumed counter's
+        release, the load partition's acquire, the input slot's mbarrier): the proxy fence orders the TMA's writes
+        after that chain."""
+        BT: gl.constexpr = terms.p.shape[1]
+        s = c % EXCHANGE_SLOTS
+        slot = terms.slot(c)
+        plain: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+        self._each_thread(PROXY_FENCE)
+        tma.async_copy_shared_to_global(self.tiles_desc, [s * 2 * BT, 0], terms.tc_v.index(slot))
+        tma.async_copy_shared_to_global(self.tiles_desc, [s * 2 * BT + BT, 0], terms.p.index(slot))
+        tma.async_copy_shared_to_global(self.scalings_desc, [s * SCALINGS, 0],
+                                        terms.slot_scalings(c)._reinterpret(gl.float32, [SCALINGS, BT], plain))
+
+    @gluon.jit
+    def _each_thread(self, asm: gl.constexpr):
+        """asm (one output, one input, both unused) once in every thread of the partition."""
+        n: gl.constexpr = 32 * gl.num_warps()
+        layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+        gl.inline_asm_elementwise(asm, "=r,r", [gl.zeros([n], gl.int32, layout)], dtype=gl.int32, is_pure=False,
+                                  pack=1)
+
+    @gluon.jit
+    def complete(self, c):
+        """Once the partition's TMA stores (chunk c's) have written global memory and read their terms slot: chunk
+        c's ready counter."""
+        self._each_thread(WRITES_COMPLETE)
+        gl.thread_barrier()
+        self._one_a_thread(self.counters + (c % EXCHANGE_SLOTS) * 2, c + 1, RELEASE_STORE)
+
+    @gluon.jit
+    def import_into(self, terms, c, j):
+        """A state program: chunk c's terms, the ring's j-th, from the ring into its terms slot (which the caller
+        knows to be free), once exported; fenced for the tensor cores."""
+        BT: gl.constexpr = terms.p.shape[1]
+        tile_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
+        scal_l: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [gl.num_warps(), 1], [1, 0])
+        s = j % EXCHANGE_SLOTS
+        self._spin(self.counters + s * 2, j + 1, SPIN_READY)
+        slot = terms.slot(c)
+        r = gl.expand_dims(gl.arange(0, BT, gl.SliceLayout(1, tile_l)), 1)
+        cc = gl.expand_dims(gl.arange(0, BT, gl.SliceLayout(0, tile_l)), 0)
+        rs = gl.expand_dims(gl.arange(0, SCALINGS, gl.SliceLayout(1, scal_l)), 1)
+        cs = gl.expand_dims(gl.arange(0, BT, gl.SliceLayout(0, scal_l)), 0)
+        base = self.tiles + s * 2 * BT * BT + r * BT + cc
+        tv = gl.load(base, cache_modifier=".cg")
+        pp = gl.load(base + BT * BT, cache_modifier=".cg")
+        sc = gl.load(self.scalings + s * SCALINGS * BT + rs * BT + cs, cache_modifier=".cg")
+        terms.tc_v.index(slot).store(tv)
+        terms.p.index(slot).store(pp)
+        terms.slot_scalings(c).store(sc)
+        fence_async_shared()
+
+    @gluon.jit
+    def mark_consumed(self, c):
+        """After the partition's barrier: one import of chunk c done (its slot's consumed counter)."""
+        self._one_a_thread(self.counters + (c % EXCHANGE_SLOTS) * 2 + 1, 0, RELEASE_ADD)
 
 
 @aggregate
@@ -428,6 +590,28 @@ def _load_partition(inputs, gates, terms, q_desc, k_desc, v_desc, gate_source, s
             _publish_gates(gates, c + 1, g, beta)
             _request_inputs(inputs, q_desc, k_desc, v_desc, c + 1)
         g, beta = _gate_rows(gate_source, c + 2, seq_len, HV, BT, rows)
+
+
+@gluon.jit
+def _terms_load_partition(inputs, gates, q_desc, k_desc, gate_source, seq_len, HV, exchange):
+    """A terms program's loads: for each of its ring's chunks, once the ring slot is free (both state programs
+    imported the chunk EXCHANGE_SLOTS before it), the gates and the TMA of q and k (no v) into the local slot j,
+    which the aux partition frees right after q k^T."""
+    BT: gl.constexpr = q_desc.block_type.shape[0]
+    rows: gl.constexpr = gl.BlockedLayout([BT // 32], [32], [gl.num_warps()], [0])
+    nbytes: gl.constexpr = q_desc.block_type.nbytes + k_desc.block_type.nbytes
+    for j in range(exchange.local_chunks(gl.cdiv(seq_len, BT))):
+        c = exchange.chunk(j)
+        g, beta = _gate_rows(gate_source, c, seq_len, HV, BT, rows)
+        gates.bars.wait_empty(j)
+        exchange.wait_free(j)
+        _publish_gates(gates, j, g, beta)
+        slot = inputs.slot(j)
+        inputs.bars.wait_empty(j)
+        ready = inputs.bars.ready_bar(j)
+        mbarrier.expect(ready, nbytes)
+        tma.async_copy_global_to_shared(q_desc, [c * BT, 0], ready, inputs.q.index(slot))
+        tma.async_copy_global_to_shared(k_desc, [c * BT, 0], ready, inputs.k.index(slot))
 
 
 @gluon.jit
@@ -735,7 +919,7 @@ def _wait_terms_slot(inputs, terms, c, o_in_terms: gl.constexpr):
 
 @gluon.jit
 def _aux_partition(inputs, gates, terms, inverse, q_desc, seq_len, flags, first: gl.constexpr,
-                   stride: gl.constexpr, o_in_terms: gl.constexpr):
+                   stride: gl.constexpr, o_in_terms: gl.constexpr, exchange=None):
     """The state-independent terms of chunks first, first + stride, ... (see the module docstring), into the terms
     ring: every chunk with stride 1; at BV = 64 two of these partitions take every other chunk each, so that two
     chunks' latency chains overlap (a chunk's terms never depend on another chunk's). o_in_terms: the terms slots
@@ -746,7 +930,13 @@ def _aux_partition(inputs, gates, terms, inverse, q_desc, seq_len, flags, first:
     rows: gl.constexpr = gl.SliceLayout(1, acc_tt)
     cols: gl.constexpr = gl.SliceLayout(0, acc_tt)
     zero = gl.zeros([BT, BT], gl.float32, acc_tt)
-    for c in range(first, gl.cdiv(seq_len, BT), stride):
+    n_chunks = gl.cdiv(seq_len, BT)
+    if exchange is not None:
+        # c below counts the ring's chunks; seq_len - c * BT rows are left from the sequence's chunk
+        # exchange.chunk(c) = first_chunk + TERMS_PROGRAMS c
+        n_chunks = exchange.local_chunks(n_chunks)
+        seq_len = seq_len - exchange.first_chunk * BT
+    for c in range(first, n_chunks, stride):
         # the chunk as a value of the loop: where each chunk of this partition takes the same slot, the slot's
         # tiles' descriptors were hoisted out of the loop as constants and spilled (23 reloads a chunk), and with
         # three slots a lane's offset into the gate slot was (one a chunk)
@@ -762,10 +952,13 @@ def _aux_partition(inputs, gates, terms, inverse, q_desc, seq_len, flags, first:
         publish_key_norms(gates, c, kk, (flags & L2NORM) != 0)
 
         # --- the row scalings, A and its two parts, then P: only the decay matrix is live beside one product
-        _wait_terms_slot(inputs, terms, c, o_in_terms)
+        _claim_terms_slot(inputs, terms, c, o_in_terms, exchange, first, stride)
         gam_r = gates.gam.index(slot).load(rows)
-        a_rows = publish_row_scalings(terms, gates, c, seq_len, rows)
-        decay = chunk_decay(gates, c, gam_r, causal_mask(zero, c), seq_len - c * BT, cols)
+        seq_c = seq_len
+        if exchange is not None:
+            seq_c = seq_len - (TERMS_PROGRAMS - 1) * c * BT
+        a_rows = publish_row_scalings(terms, gates, c, seq_c, rows)
+        decay = chunk_decay(gates, c, gam_r, causal_mask(zero, c), seq_c - c * BT, cols)
         # -A: the inverse takes the negated blocks (_unit_lower_inverse)
         neg_a = kk * decay * gl.expand_dims(-a_rows, 1)
         # q k^T in flight while -L is staged (ptxas places its wait inside the diagonal blocks' inverse); the decay,
@@ -774,6 +967,8 @@ def _aux_partition(inputs, gates, terms, inverse, q_desc, seq_len, flags, first:
         qk = warpgroup_mma(q_s, k_s.permute((1, 0)), zero, use_acc=False, is_async=True)
         d_blocks = inverse.stage(neg_a, c)
         qk = warpgroup_mma_wait(0, deps=[qk])
+        if exchange is not None:
+            _free_inputs(inputs, gates, slot)
         terms.p.index(slot).store((qk * decay.to(gl.float32)).to(dtype))
         # one fence and barrier for the -L, P and D^-1 tiles (P's consumer, the state partition, needs no more)
         inverse.stage_diagonal(c, d_blocks, zero)
@@ -781,7 +976,40 @@ def _aux_partition(inputs, gates, terms, inverse, q_desc, seq_len, flags, first:
         tc = inverse.invert(c, d_blocks, zero)
         publish_inverse(terms, c, tc, dtype)
         fence_async_shared()
+        _hand_over_terms(terms, c, exchange)
+    if exchange is not None:
+        if n_chunks > first:
+            exchange.complete(first + (n_chunks - 1 - first) // stride * stride)
+
+
+@gluon.jit
+def _claim_terms_slot(inputs, terms, c, o_in_terms: gl.constexpr, exchange, first: gl.constexpr,
+                      stride: gl.constexpr):
+    """Before chunk c's terms are written: gdn_fused's aux partition waits for the terms slot (_wait_terms_slot); a
+    terms program's owns its slot, and completes its last chunk's hand-over out of it (TermExchange.complete)."""
+    if exchange is None:
+        _wait_terms_slot(inputs, terms, c, o_in_terms)
+    elif c >= first + stride:
+        exchange.complete(c - stride)
+
+
+@gluon.jit
+def _free_inputs(inputs, gates, slot):
+    """A terms program's aux partition frees chunk c's input and gate slots once q k^T is done (the load partition
+    then feeds three chains): for the input slot's two arrivals, its own and the absent state partition's."""
+    gl.thread_barrier()
+    mbarrier.arrive(inputs.bars.empty.index(slot), count=2)
+    mbarrier.arrive(gates.bars.empty.index(slot), count=1)
+
+
+@gluon.jit
+def _hand_over_terms(terms, c, exchange):
+    """Chunk c's terms, fenced in their slot: to the state partition (gdn_fused), or into the exchange ring."""
+    if exchange is None:
         terms.bars.publish(c)
+    else:
+        gl.thread_barrier()
+        exchange.store(terms, c)
 
 
 @gluon.jit
@@ -859,6 +1087,68 @@ def _state_partition(state, inputs, terms, o_desc, o_stage, seq_len, checkpoints
         checkpoints.store_after(gl.permute(state, [1, 0]), c, seq_len, i_v)
     tma.store_wait(0)
     return (state, )
+
+
+@gluon.jit
+def _import_partition(terms, exchange, seq_len, BT: gl.constexpr, first: gl.constexpr, stride: gl.constexpr):
+    """A state program's terms of chunks first, first + stride, ...: from the exchange into the terms ring, once
+    the slot is free (the state releases it in the next chunk, after o's store has read its Tv tile)."""
+    for c in range(first, gl.cdiv(seq_len, BT), stride):
+        c = loop_variant(c, c)
+        terms.bars.wait_empty(c)
+        exchange.import_into(terms, c, c // stride)
+        terms.bars.publish(c)
+        exchange.mark_consumed(c // stride)
+
+
+@gluon.jit
+def _state_or_export(is_terms, state, inputs, gates, terms, exchange, third, q_desc, o_desc, seq_len, checkpoints,
+                     i_v, flags):
+    """gdn_fused_terms' default partition: a state program's state, a terms program's third aux chain."""
+    if is_terms:
+        _aux_partition(inputs, gates, terms, third, q_desc, seq_len, flags, 2, 3, True, exchange)
+    else:
+        state = _state_partition(state, inputs, terms, o_desc, None, seq_len, checkpoints, i_v, True)[0]
+    return (state, )
+
+
+@gluon.jit
+def _aux_or_import(is_terms, inputs, gates, terms, inverse, exchange, q_desc, seq_len, flags, first: gl.constexpr,
+                   stride: gl.constexpr):
+    """gdn_fused_terms' two 4-warp partitions: a terms program's first two aux chains (every third of its chunks
+    each), a state program's importers (every other chunk each)."""
+    BT: gl.constexpr = q_desc.block_type.shape[0]
+    if is_terms:
+        _aux_partition(inputs, gates, terms, inverse, q_desc, seq_len, flags, first, 3, True, exchange)
+    else:
+        _import_partition(terms, exchange, seq_len, BT, first, stride)
+
+
+@gluon.jit
+def _load_or_terms_load(is_terms, inputs, gates, terms, q_desc, k_desc, v_desc, gate_source, seq_len, HV, exchange):
+    """gdn_fused_terms' load warps: q, k and the gates of a terms program's chunks, or q, k, v of a state program's."""
+    if is_terms:
+        _terms_load_partition(inputs, gates, q_desc, k_desc, gate_source, seq_len, HV, exchange)
+    else:
+        _input_load_partition(inputs, q_desc, k_desc, v_desc, seq_len)
+
+
+@gluon.jit
+def _input_load_partition(inputs, q_desc, k_desc, v_desc, seq_len):
+    """A state program's loads when its terms come from terms programs: its q, k and v tiles only. Its gate ring
+    is unused, and waiting there for the terms of chunk c - n (the gate slot's release in gdn_fused) could miss that
+    phase: the importers, which need no gates, may publish chunk c + 1 into the same terms slot first (found by
+    bench/ring_model.py)."""
+    BT: gl.constexpr = q_desc.block_type.shape[0]
+    for c in range(gl.cdiv(seq_len, BT)):
+        _request_inputs(inputs, q_desc, k_desc, v_desc, c)
+
+
+@gluon.jit
+def _norms_unless_terms(is_terms, inputs, terms, q_desc, seq_len, scale, flags):
+    """gdn_fused_terms' norms warps: a state program's rq (a terms program has no output to scale)."""
+    if not is_terms:
+        _norms_partition(inputs, terms, q_desc, seq_len, scale, flags, True)
 
 
 @gluon.jit
@@ -940,24 +1230,33 @@ def chunk_rings(q_desc, k_desc, v_desc, slots: gl.constexpr = NUM_SLOTS):
 @gluon.jit
 def fused_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0, ht, state_indices, o, scale, T, H, HV, flags,
                  state_checkpoints, checkpoint_rows, checkpoint_cu_starts, checkpoint_every_n_tokens,
+                 exchange_tiles, exchange_scalings, exchange_counters,
                  K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, IS_VARLEN: gl.constexpr,
                  TRANSPOSE_STATE: gl.constexpr, GATING: gl.constexpr, CHECKPOINTS: gl.constexpr,
-                 num_warps: gl.constexpr):
+                 TERMS_PROGRAM: gl.constexpr, num_warps: gl.constexpr):
     gl.static_assert(num_warps * 16 == BV, "the default partition is the state's BV / 64 warpgroups")
     gl.static_assert((BV == 64) | (BV == 128), "a V tile is one or two warpgroups' 64 rows")
     gl.static_assert(BT == 64, "one warpgroup owns a chunk's 64 rows in the aux partition")
+    gl.static_assert((not TERMS_PROGRAM) | ((BV == 64) & (V == 128) & (TERMS_PROGRAMS == 2)),
+                     "terms programs serve two 64-row state programs, one importer partition a terms program")
     dtype: gl.constexpr = q.dtype.element_ty
     i_n, i_hv = sequence_and_head(HV, HEAD_MAJOR)  # a sequence's heads start together
     i_h = i_hv // (HV // H)
     i_v = gl.program_id(2)
+    if TERMS_PROGRAM:  # V tiles 0 .. V / BV - 1: state programs; then TERMS_PROGRAMS terms programs
+        is_terms = i_v >= V // BV
+        terms_index = gl.maximum(i_v - V // BV, 0)
+        i_v = gl.minimum(i_v, V // BV - 1)
+    else:
+        is_terms = False
     bos, seq_len = sequence_bounds(i_n, cu_seqlens, T, IS_VARLEN)
 
     # --- the state tile S = h^T [BV, K] in the wgmma accumulator layout of the state warpgroups
     acc_vk: gl.constexpr = wgmma_layout(BV, K, num_warps)
     io: gl.constexpr = state_io_layout(K, BV, TRANSPOSE_STATE, num_warps)
     slot = state_slot(i_n, state_indices, flags)
-    h = load_state_tile(h0, slot, i_hv, i_v, HV, ((flags & HAS_H0) != 0) & (slot >= 0), K, V, BV, TRANSPOSE_STATE,
-                        io)
+    h = load_state_tile(h0, slot, i_hv, i_v, HV, ((flags & HAS_H0) != 0) & (slot >= 0) & (not is_terms), K, V, BV,
+                        TRANSPOSE_STATE, io)
     state = gl.convert_layout(gl.permute(h, [1, 0]), acc_vk)
 
     gate_source = GateSource.make(g + i_hv, beta + i_hv, A_log, dt_bias, i_hv, flags, GATING, GATE_IN_KERNEL)
@@ -967,7 +1266,30 @@ def fused_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0, ht, state_ind
                               BT, V, TRANSPOSE_STATE, CHECKPOINTS, HEAD_MAJOR)
     # --- shared memory: the three rings, the inverse's fp16 operand tiles (one set an aux partition) and, at
     # BV = 128, the output staging tile
-    if BV == 64:  # the registers of a second state warpgroup hold a second aux partition (module docstring)
+    if TERMS_PROGRAM:
+        inputs, gates, terms = chunk_rings(q_desc, k_desc, v_desc, SLOTS_64)
+        even, odd = InverseScratch.make(BT), InverseScratch.make(BT)
+        # a terms program uses its own ring; a state program's importers one each (chunks 0, 2, .. and 1, 3, ..)
+        ring = (i_n * HV + i_hv) * TERMS_PROGRAMS
+        exchange = TermExchange.of_ring(exchange_tiles, exchange_scalings, exchange_counters,
+                                        ring + gl.where(is_terms, terms_index, 0), terms_index, BT)
+        exchange_odd = TermExchange.of_ring(exchange_tiles, exchange_scalings, exchange_counters,
+                                            ring + gl.where(is_terms, terms_index, 1), terms_index, BT)
+        # the terms program's third aux partition takes its inverse tiles from the v ring, which it does not load
+        f16: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], gl.float16)
+        third = InverseScratch(inputs.v.index(0)._reinterpret(gl.float16, [1, BT, BT], f16),
+                               inputs.v.index(1)._reinterpret(gl.float16, [1, BT, BT], f16),
+                               inputs.v.index(2)._reinterpret(gl.float16, [1, BT, BT], f16))
+        state = gl.warp_specialize([
+            (_state_or_export, (is_terms, state, inputs, gates, terms, exchange, third, q_desc, o_desc, seq_len,
+                                checkpoints, i_v, flags)),
+            (_aux_or_import, (is_terms, inputs, gates, terms, even, exchange, q_desc, seq_len, flags, 0, 2)),
+            (_aux_or_import, (is_terms, inputs, gates, terms, odd, exchange_odd, q_desc, seq_len, flags, 1, 2)),
+            (_load_or_terms_load, (is_terms, inputs, gates, terms, q_desc, k_desc, v_desc, gate_source, seq_len, HV,
+                                   exchange)),
+            (_norms_unless_terms, (is_terms, inputs, terms, q_desc, seq_len, scale, flags)),
+        ], [4, 4, LOAD_WARPS, NORMS_WARPS], [AUX_PAIR_REGS, AUX_PAIR_REGS, LOAD_PAIR_REGS, LOAD_PAIR_REGS])[0]
+    elif BV == 64:  # the registers of a second state warpgroup hold a second aux partition (module docstring)
         inputs, gates, terms = chunk_rings(q_desc, k_desc, v_desc, SLOTS_64)
         even, odd = InverseScratch.make(BT), InverseScratch.make(BT)
         state = gl.warp_specialize([
@@ -986,5 +1308,5 @@ def fused_kernel(q, k, v, g, beta, A_log, dt_bias, cu_seqlens, h0, ht, state_ind
             (_load_partition, (inputs, gates, terms, q_desc, k_desc, v_desc, gate_source, seq_len, HV)),
             (_norms_partition, (inputs, terms, q_desc, seq_len, scale, flags, True)),
         ], [4, LOAD_WARPS, NORMS_WARPS], [AUX_REGS, LOAD_REGS, LOAD_REGS])[0]
-    store_state_tile(ht, gl.permute(state, [1, 0]), slot, i_hv, i_v, HV, ((flags & STORE_HT) != 0) & (slot >= 0),
-                     K, V, BV, TRANSPOSE_STATE)
+    store_state_tile(ht, gl.permute(state, [1, 0]), slot, i_hv, i_v, HV,
+                     ((flags & STORE_HT) != 0) & (slot >= 0) & (not is_terms), K, V, BV, TRANSPOSE_STATE)

@@ -35,13 +35,23 @@ import struct
 #    checkpoint_every_n_tokens (arguments of gdn_aot_forward, the last parameters of gdn_scan and gdn_fused, read by
 #    their `checkpoints` variants)
 # 6: gdn_fused tiles V: grid (num_seqs, HV, V // BV), the route's BV its variant's (BV > 0 on every route)
-LAUNCHER_ABI_VERSION = 6
+# 7: the fused_terms route (gdn_fused_terms: gdn_fused's state programs beside terms programs, a (sequence, head)'s
+#    programs one cluster); gdn_fused's exchange_tiles, exchange_scalings and exchange_counters parameters (after
+#    the checkpoint parameters); workspace regions per (sequence, value head), and regions zeroed by the forward
+LAUNCHER_ABI_VERSION = 7
 # 2: `dispatch` holds the spec's preferences (`spec`) and the table (`table`); launcher.forward lists its routes
 # 3: the variants' functional axes state_dtype, gating, checkpoints (in the dispatch table's configurations too)
 MANIFEST_SCHEMA_VERSION = 3
 
 WORKSPACE_ALIGN = 256  # every workspace region starts on this boundary (gdn_aot_forward_plan)
 DTYPE_BYTES = {"bf16": 2, "fp16": 2}  # bytes of a q, k, v, o element per input dtype
+# The chunk terms' hand-over of gdn_fused_terms (kernels/fused_sm90.py, docs/design.md "Terms programs"): a (sequence,
+# value head) has TERMS_PROGRAMS terms programs, each taking every TERMS_PROGRAMS-th chunk, and each hands its
+# chunks' terms to the state programs through a ring of EXCHANGE_SLOTS chunk slots in the workspace: two [BT, BT]
+# tiles in the input dtype and EXCHANGE_SCALINGS [BT] fp32 rows a slot, and two int32 counters (ready, consumed).
+TERMS_PROGRAMS = 2
+EXCHANGE_SLOTS = 8
+EXCHANGE_SCALINGS = 8
 
 # Kernel parameter types, as Triton signature strings -> (C type, PTX param type, bytes, ctypes type name).
 # Pointers ("*bf16", "*fp32", "*{dtype}" = the variant's input dtype, ...) are all POINTER_TYPE.
@@ -150,6 +160,9 @@ class Family:
     grid_doc: str
     params: tuple[Param, ...]
     flags: tuple[Flag, ...]
+    # a (sequence, head)'s programs, the grid's z extent, launch as one thread-block cluster: the GPU starts them
+    # together, so one that waits for another never waits for a program that cannot start
+    cluster_z: bool = False
 
     @property
     def kernel_params(self) -> tuple[tuple[str, str], ...]:
@@ -171,6 +184,13 @@ _STATE_PARAMS = "h0:*{state} ht:*{state} state_indices:*i32 o:*{dtype}"
 # the SASS it had before they existed
 _CHECKPOINT_PARAMS = (" state_checkpoints:*{state} checkpoint_rows:i64 checkpoint_cu_starts:*i64 "
                       "checkpoint_every_n_tokens:i32")
+# gdn_fused's, last (as the checkpoints'): the terms hand-over of gdn_fused_terms, unused by gdn_fused
+_EXCHANGE_PARAMS = (" exchange_tiles:*{dtype}:workspace.exchange_tiles "
+                    "exchange_scalings:*fp32:workspace.exchange_scalings "
+                    "exchange_counters:*i32:workspace.exchange_counters")
+_FUSED_PARAMS = _p("q:*{dtype} k:*{dtype} v:*{dtype} g:*fp32 beta:*fp32 A_log:*fp32 dt_bias:*fp32 cu_seqlens:*i32 "
+                   + _STATE_PARAMS + " scale:fp32 T:i32:plan.T_arg H:i32 HV:i32 flags:i32:flags"
+                   + _CHECKPOINT_PARAMS + _EXCHANGE_PARAMS)
 
 
 def _gate_flags(family: str, first: int) -> tuple[Flag, ...]:
@@ -180,6 +200,13 @@ def _gate_flags(family: str, first: int) -> tuple[Flag, ...]:
             Flag(f"{family}_GATE_BIAS", first * 2, "GATE_BIAS", "add dt_bias in that formula"),
             Flag(f"{family}_BETA_SIGMOID", first * 4, "BETA_SIGMOID", "beta = sigmoid(beta)"),
             Flag(f"{family}_BETA_NEG_EIGVAL", first * 8, "BETA_NEG_EIGVAL", "with BETA_SIGMOID: beta = 2 sigmoid(beta)"))
+# gdn_fused_terms compiles gdn_fused's source: the same parameters and flags
+_FUSED_FLAGS = (
+    Flag("FUSED_L2NORM", 1, "L2NORM", "normalise the q and k rows"),
+    Flag("FUSED_HAS_H0", 2, "HAS_H0", "read the initial state"),
+    Flag("FUSED_STORE_HT", 4, "STORE_HT", "write the final state"),
+    Flag("FUSED_USE_INDICES", 8, "USE_INDICES", "state slot = state_indices[sequence] (-1: zero state, not written)"),
+    *_gate_flags("FUSED", 16))
 FAMILIES = {f.name: f for f in (
     Family(
         "gdn_prepare", "prepare", "prepare_scan", ("slots", "H", 1),
@@ -202,22 +229,27 @@ FAMILIES = {f.name: f for f in (
               "state slot = state_indices[sequence] (-1: zero state, not written)")),
     ),
     Family(
-        "gdn_fused", "fused", "fused", ("num_seqs", "HV", "ztiles"), "(num_seqs, HV, V // BV)",
-        _p("q:*{dtype} k:*{dtype} v:*{dtype} g:*fp32 beta:*fp32 A_log:*fp32 dt_bias:*fp32 cu_seqlens:*i32 "
-           + _STATE_PARAMS
-           + " scale:fp32 T:i32:plan.T_arg H:i32 HV:i32 flags:i32:flags" + _CHECKPOINT_PARAMS),
-        (Flag("FUSED_L2NORM", 1, "L2NORM", "normalise the q and k rows"),
-         Flag("FUSED_HAS_H0", 2, "HAS_H0", "read the initial state"),
-         Flag("FUSED_STORE_HT", 4, "STORE_HT", "write the final state"),
-         Flag("FUSED_USE_INDICES", 8, "USE_INDICES",
-              "state slot = state_indices[sequence] (-1: zero state, not written)"),
-         *_gate_flags("FUSED", 16)),
+        "gdn_fused", "fused", "fused", ("num_seqs", "HV", "ztiles"), "(num_seqs, HV, V // BV)", _FUSED_PARAMS,
+        _FUSED_FLAGS,
+    ),
+    Family(
+        "gdn_fused_terms", "fused_terms", "fused_terms", ("num_seqs", "HV", "zterms"),
+        f"(num_seqs, HV, V // BV + {TERMS_PROGRAMS}), clusters (1, 1, V // BV + {TERMS_PROGRAMS})", _FUSED_PARAMS,
+        _FUSED_FLAGS, cluster_z=True,
     ),
 )}
 FLAGS = {fl.name: fl.bit for f in FAMILIES.values() for fl in f.flags}
 # what a family's grid may name: computed by gdn_aot_forward_plan (slots: chunk slots, an upper bound on a batch's
-# chunks; ztiles: V // BV) or an argument
-GRID_QUANTITIES = ("slots", "ztiles", "num_seqs", "H", "HV")
+# chunks; ztiles: V // BV; zterms: V // BV + TERMS_PROGRAMS) or an argument
+GRID_QUANTITIES = ("slots", "ztiles", "zterms", "num_seqs", "H", "HV")
+V_TILED = ("ztiles", "zterms")  # the grid z extents that tile V by the route's BV
+
+
+def z_programs(z, V: int, BV: int) -> int:
+    """A grid z extent's programs: an int as is, ztiles V // BV, zterms V // BV + TERMS_PROGRAMS."""
+    if isinstance(z, int):
+        return z
+    return V // BV + (TERMS_PROGRAMS if z == "zterms" else 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,36 +262,57 @@ class Route:
     id: int
     families: tuple[str, ...]
     refuses: tuple[tuple[str, str, str], ...] = ()
+    # a route whose kernels compute bit for bit what this one's do (the GPU suite checks it): batches sent to
+    # either stay batch invariant
+    same_bits_as: str = ""
+
+    @property
+    def bits(self) -> str:
+        return self.same_bits_as or self.name
 
 
+_FUSED_REFUSES = (
+    ("sm_90a", "BETA_NEG_EIGVAL",
+     "allow_neg_eigval=True: the sm_90a gdn_fused inverts each chunk's I + A in fp16, and with beta up to 2 the "
+     "powers of a block of near-identical keys exceed fp16's range; use artifacts whose dispatch sends gating "
+     "configurations to gdn_prepare + gdn_scan (specs/qwen35.yaml, specs/qwen35-fastest.yaml)"),)
 ROUTES = {r.name: r for r in (
     Route("prepare_scan", 0, ("gdn_prepare", "gdn_scan")),
-    Route("fused", 1, ("gdn_fused",), refuses=(
-        ("sm_90a", "BETA_NEG_EIGVAL",
-         "allow_neg_eigval=True: the sm_90a gdn_fused inverts each chunk's I + A in fp16, and with beta up to 2 the "
-         "powers of a block of near-identical keys exceed fp16's range; use artifacts whose dispatch sends gating "
-         "configurations to gdn_prepare + gdn_scan (specs/qwen35.yaml, specs/qwen35-fastest.yaml)"),)),
+    Route("fused", 1, ("gdn_fused",), refuses=_FUSED_REFUSES),
+    Route("fused_terms", 2, ("gdn_fused_terms",), refuses=_FUSED_REFUSES, same_bits_as="fused"),
 )}
 
 
 @dataclasses.dataclass(frozen=True)
 class Region:
-    """A workspace region of gdn_aot_forward: rows x HV x the product of `per_row_head` (names of arguments, or
-    byte counts) bytes, used by the routes named; another route's call gives it 0 bytes. The global scratch (the
-    larger of the route's launches' needs, shared by them) follows the regions."""
+    """A workspace region of gdn_aot_forward: `per` ("row_head": rows x HV; "seq_head": num_seqs x HV) x the product
+    of `size` (names of arguments, or byte counts) bytes, used by the routes named; another route's call gives it 0
+    bytes. `zeroed`: gdn_aot_forward sets it to zero (on the call's stream) before the route's launches. The
+    global scratch (the larger of the route's launches' needs, shared by them) follows the regions."""
 
     name: str
-    per_row_head: tuple
+    size: tuple
     routes: tuple[str, ...]
     doc: str
+    per: str = "row_head"
+    zeroed: bool = False
 
 
+_RING_SLOTS = TERMS_PROGRAMS * EXCHANGE_SLOTS  # exchange ring slots a (sequence, value head)
 REGIONS = (
     Region("w", ("K", "elt"), ("prepare_scan",), "w [rows, HV, K], input dtype"),
     Region("u", ("V", "elt"), ("prepare_scan",), "u [rows, HV, V], input dtype"),
     Region("gam", (4,), ("prepare_scan",), "gam [HV, rows] fp32: the chunk-local cumsum of g"),
     Region("qg", (4,), ("prepare_scan",), "qg [HV, rows] fp32: gam + ln rq"),
     Region("kg", (4,), ("prepare_scan",), "kg [HV, rows] fp32: gam - ln rk"),
+    Region("exchange_tiles", (_RING_SLOTS * 2, "BT", "BT", "elt"), ("fused_terms",),
+           "[num_seqs, HV, TERMS_PROGRAMS, EXCHANGE_SLOTS, 2, BT, BT] input dtype: Tc diag(beta) and P", "seq_head"),
+    Region("exchange_scalings", (_RING_SLOTS * EXCHANGE_SCALINGS * 4, "BT"), ("fused_terms",),
+           "[num_seqs, HV, TERMS_PROGRAMS, EXCHANGE_SLOTS, EXCHANGE_SCALINGS, BT] fp32: the row scalings",
+           "seq_head"),
+    Region("exchange_counters", (_RING_SLOTS * 2 * 4,), ("fused_terms",),
+           "[num_seqs, HV, TERMS_PROGRAMS, EXCHANGE_SLOTS, 2] int32: a slot's ready and consumed counts",
+           "seq_head", zeroed=True),
 )
 
 # gdn_aot_forward_args_t. The fields of a route (the same for every call of a dispatch row) come first, then the
@@ -352,13 +405,14 @@ def families_of(route: str) -> list[Family]:
     return [FAMILIES[n] for n in ROUTES[route].families]
 
 
-def region_bytes_per_row_head(route: str, values: dict) -> int:
-    """Bytes per (row, value head) of the route's workspace regions, the sizes named by `values` (K, V, elt)."""
+def region_bytes(route: str, values: dict, per: str) -> int:
+    """Bytes per (row, value head) (per "row_head") or per (sequence, value head) ("seq_head") of the route's
+    workspace regions, the sizes named by `values` (K, V, BT, elt)."""
     total = 0
     for r in REGIONS:
-        if route in r.routes:
+        if route in r.routes and r.per == per:
             size = 1
-            for f in r.per_row_head:
+            for f in r.size:
                 size *= values[f] if isinstance(f, str) else f
             total += size
     return total

@@ -18,8 +18,12 @@ the BV 64 single-wave row, le 1/2, exists), which would never serve a batch.
 gdn_fused's own classes, for a configuration it serves alone (no two-kernel variants, or `above_factor: 0`): a
 single_wave row per built BV below the largest, smallest first, bound "le" 1 / (V / BV) (its programs at that V
 tile fit one wave: 64-row programs walk a chunk faster than 128-row ones, and compute the same bits), then default
-at the largest BV. A spec mixes the routes with `gdn_fused: {above_factor: f}`: the two-kernel rows serve batches
-of up to f * SMs programs (the row reaching past that bound cut to "le" f), gdn_fused's rows the rest.
+at the largest BV. Where gdn_fused_terms is built for the configuration, its row comes first: "terms", bound "le"
+1 / (V / BV + TERMS_PROGRAMS), the batches whose state and terms programs all fit one wave (each (sequence,
+head)'s chunk terms computed once, by its terms programs, rather than by both 64-row programs: the same bits as
+gdn_fused, so the choice keeps a configuration batch invariant). A spec mixes the routes with
+`gdn_fused: {above_factor: f}`: the two-kernel rows serve batches of up to f * SMs programs (the row reaching past
+that bound cut to "le" f), gdn_fused's rows the rest.
 Pure Python: the build imports it without the runtime, the runtime without the build.
 """
 from __future__ import annotations
@@ -27,9 +31,9 @@ from __future__ import annotations
 import itertools
 from fractions import Fraction
 
-from .abi import BOUNDS, FAMILIES, ROUTES
+from .abi import BOUNDS, FAMILIES, ROUTES, z_programs
 
-SHAPE_CLASSES = ("single_wave", "small_batch", "default")
+SHAPE_CLASSES = ("terms", "single_wave", "small_batch", "default")
 SCAN_PREFERENCES = ("default_BV", "small_batch_BV", "small_batch_factor", "single_wave_warps")
 ROUTE_PREFERENCES = ("above_factor",)  # for a kernel whose family is a route of its own (gdn_fused)
 # a forward's configuration: what it needs of the variants (the functional axes); the rest are tuning choices
@@ -131,7 +135,12 @@ def _fused_rows(config: dict, variants: dict, want: dict) -> list[tuple]:
     def kernels(bv):
         return {"gdn_fused": pick(variants, "gdn_fused", want, BV=bv)}
 
-    return ([("single_wave", "le", Fraction(bv, config["V"]), kernels(bv)) for bv in bvs[:-1]]
+    terms = pick(variants, "gdn_fused_terms", want)
+    first = []
+    if terms is not None:
+        programs = z_programs(FAMILIES["gdn_fused_terms"].grid[2], config["V"], variants[terms]["axes"]["BV"])
+        first = [("terms", "le", Fraction(1, programs), {"gdn_fused_terms": terms})]
+    return (first + [("single_wave", "le", Fraction(bv, config["V"]), kernels(bv)) for bv in bvs[:-1]]
             + [("default", "any", Fraction(0), kernels(bvs[-1]))])
 
 
@@ -150,7 +159,7 @@ def build_table(prefs: dict, variants: dict, uses: dict) -> list[dict]:
         if matching(variants, "gdn_fused", fused_want) and (not rows or above is not None):
             rows = _uncovered(_up_to(rows, Fraction(str(above or 0))) + _fused_rows(config, variants, fused_want))
         for shape_class, bound, limit, kernels in rows:
-            route = "fused" if "gdn_fused" in kernels else "prepare_scan"
+            route = FAMILIES[next(iter(kernels))].route
             table.append(_row(config, shape_class, bound, limit, route, kernels))
     return table
 

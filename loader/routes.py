@@ -8,7 +8,7 @@ in the launcher shares).
 from __future__ import annotations
 
 from .abi import (DTYPE_BYTES, FAMILIES, FORWARD_ARG_FIELDS, FORWARD_ARGS, OPTION_BITS, REGIONS, ROUTE_ARGS,
-                  ROUTES, WORKSPACE_ALIGN, region_bytes_per_row_head)
+                  ROUTES, V_TILED, WORKSPACE_ALIGN, region_bytes, z_programs)
 from .binding import Launcher
 from .dispatch import most_programs
 from .errors import CorruptArtifact, DriverError
@@ -33,12 +33,15 @@ class Route:
         self.id = ROUTES[self.name].id
         first = next(iter(kernels.values()))
         self.BT = first.BT
-        # the V tile of the kernel whose grid tiles V (gdn_scan or gdn_fused; abi.FAMILIES' "ztiles")
-        self.BV = next(k.BV for f, k in kernels.items() if "ztiles" in FAMILIES[f].grid)
+        # the V tile of the kernel whose grid tiles V (gdn_scan, gdn_fused, gdn_fused_terms; abi.V_TILED)
+        self.BV = next(k.BV for f, k in kernels.items() if FAMILIES[f].grid[2] in V_TILED)
         self.K, self.V, self.varlen, self.elt = row["K"], row["V"], row["varlen"], elt
-        # workspace bytes per (row, value head) of the route's regions, and every region's alignment slack
-        self.row_bytes = region_bytes_per_row_head(self.name, {"K": self.K, "V": self.V, "elt": elt})
-        self.padding = (len(REGIONS) + 1) * (WORKSPACE_ALIGN - 1)
+        # workspace bytes per (row, value head) and per (sequence, value head) of the route's regions, and every
+        # region's alignment slack
+        sizes = {"K": self.K, "V": self.V, "BT": self.BT, "elt": elt}
+        self.row_bytes = region_bytes(self.name, sizes, "row_head")
+        self.seq_bytes = region_bytes(self.name, sizes, "seq_head")
+        self.padding = (sum(self.name in r.routes for r in REGIONS) + 1) * (WORKSPACE_ALIGN - 1)
         self._slots_coef, self._programs_coef = self._scratch_coefs()
         self.prefix = _NOT_LOADED  # ROUTE_ARGS, packed by load() once the kernels have handles
         # the options gdn_aot_forward refuses on this route and arch (abi.Route.refuses), and why
@@ -55,15 +58,14 @@ class Route:
 
     def _scratch_coefs(self) -> tuple[int, int]:
         """The global scratch of a call is the largest of its launches' scratch_size * grid; the grids of
-        loader/abi.py are (slots, H, c) or (num_seqs, HV, c) with c constant for the route (1 or ztiles), so it
-        is max(a * slots * H, b * num_seqs * HV): returns (a, b)."""
+        loader/abi.py are (slots, H, c) or (num_seqs, HV, c) with c constant for the route (1, ztiles or zterms),
+        so it is max(a * slots * H, b * num_seqs * HV): returns (a, b)."""
         coefs = {("slots", "H"): 0, ("num_seqs", "HV"): 0}
         for name, kernel in self.kernels.items():
             pair, last = tuple(FAMILIES[name].grid[:2]), FAMILIES[name].grid[2]
-            if pair not in coefs or not (last == "ztiles" or isinstance(last, int)):
+            if pair not in coefs or not (last in V_TILED or isinstance(last, int)):
                 raise ValueError(f"{name}'s grid {FAMILIES[name].grid} is not one Route.workspace_bytes knows")
-            const = self.V // self.BV if last == "ztiles" else last
-            coefs[pair] = max(coefs[pair], kernel.scratch_size * const)
+            coefs[pair] = max(coefs[pair], kernel.scratch_size * z_programs(last, self.V, self.BV))
         return coefs[("slots", "H")], coefs[("num_seqs", "HV")]
 
     def load(self) -> None:
@@ -74,14 +76,14 @@ class Route:
 
     def workspace_bytes(self, B: int, T: int, num_seqs: int, H: int, HV: int) -> int:
         """Enough workspace for the call: the regions and scratch of gdn_aot_forward_plan, each padded to the full
-        WORKSPACE_ALIGN (at most (regions + 1) * 255 bytes more than the plan's exact workspace_bytes, which
+        WORKSPACE_ALIGN (at most (the route's regions + 1) * 255 bytes more than the plan's exact workspace_bytes, which
         gdn_aot_forward checks it against; tests/test_abi.py compares the two)."""
         rows = B * T
         scratch = self._programs_coef * num_seqs * HV
         if self._slots_coef:
             slots = rows // self.BT + num_seqs if self.varlen else num_seqs * -(-T // self.BT)  # chunk slots
             scratch = max(scratch, self._slots_coef * slots * H)
-        return rows * HV * self.row_bytes + scratch + self.padding
+        return rows * HV * self.row_bytes + num_seqs * HV * self.seq_bytes + scratch + self.padding
 
 
 class Routes:
@@ -101,10 +103,11 @@ class Routes:
 
     @property
     def batch_invariant(self) -> bool:
-        """Whether every row runs the same route: the rows of one route differ in tiling only and round alike (the
-        GPU suite checks it bitwise), so a sequence's result cannot depend on its batch; a spec that sends some
-        batches to another route (its dispatch's gdn_fused above_factor) gives up that guarantee."""
-        return len({route.name for route in self.routes}) == 1
+        """Whether every row computes the same bits: the rows of one route differ in tiling only and round alike,
+        and fused_terms computes fused's bits (abi.Route.same_bits_as; the GPU suite checks both bitwise), so a
+        sequence's result cannot depend on its batch; a spec that sends some batches to another route (its
+        dispatch's gdn_fused above_factor) gives up that guarantee."""
+        return len({ROUTES[route.name].bits for route in self.routes}) == 1
 
     def select(self, programs: int) -> Route:
         """The route of a batch of `programs` = num_seqs * HV programs (the table's first row that takes it)."""

@@ -84,7 +84,8 @@ def test_every_kernel_param_is_declared_with_a_source():
             assert launcher.param_expr(name, p), (name, p)
         assert all(q in decl.GRID_QUANTITIES or isinstance(q, int) for q in fam.grid), name
     assert all(getattr(kernels, n) == bit and n in kernels.__all__ for n, bit in decl.FLAGS.items())
-    assert [r.families for r in decl.ROUTES.values()] == [("gdn_prepare", "gdn_scan"), ("gdn_fused",)]
+    assert [r.families for r in decl.ROUTES.values()] == [("gdn_prepare", "gdn_scan"), ("gdn_fused",),
+                                                          ("gdn_fused_terms",)]
 
 
 # gdn_aot_forward: a dispatch row's forward in one call (loader/abi.py declares it, build/templates render it).
@@ -100,13 +101,16 @@ def forward_launcher(tmp_path_factory):
     return out
 
 
-def forward_args(prepare_struct=None, scan_struct=None, fused_struct=None, **over):
+def forward_args(prepare_struct=None, scan_struct=None, fused_struct=None, terms_struct=None, **over):
     """Packed FORWARD_ARGS for gdn_aot_kernel_t mirrors (KernelStruct); defaults: the prepare_scan route (the fused
-    route when only fused_struct is given), 1 x 200 tokens in 3 sequences, varlen, 8 MiB of workspace."""
+    route when only fused_struct is given, fused_terms at BV 64 when only terms_struct is), 1 x 200 tokens in 3
+    sequences, varlen, 8 MiB of workspace."""
     address = lambda s: 0 if s is None else ctypes.addressof(s)  # noqa: E731
-    fused = fused_struct is not None and prepare_struct is None
-    values = dict(route=decl.ROUTES["fused" if fused else "prepare_scan"].id, prepare=address(prepare_struct),
-                  scan=address(scan_struct), fused=address(fused_struct), K=128, V=128, BT=64, BV=128 if fused else 64,
+    route = ("prepare_scan" if prepare_struct is not None else "fused" if fused_struct is not None
+             else "fused_terms" if terms_struct is not None else "prepare_scan")
+    values = dict(route=decl.ROUTES[route].id, prepare=address(prepare_struct), scan=address(scan_struct),
+                  fused=address(fused_struct), fused_terms=address(terms_struct), K=128, V=128, BT=64,
+                  BV=128 if route == "fused" else 64,
                   elt=2, stream=0, q=1 << 20, k=2 << 20, v=3 << 20, g=4 << 20, beta=5 << 20, A_log=0, dt_bias=0,
                   cu_seqlens=6 << 20, h0=0,
                   ht=0, state_indices=0, o=7 << 20, state_checkpoints=0, checkpoint_rows=0, checkpoint_cu_starts=0,
@@ -164,6 +168,23 @@ def test_header_has_the_declared_macros_and_entry_points(forward_launcher):
     assert "SCAN_L2NORM" not in header
 
 
+def test_terms_route_launches_a_cluster_after_zeroing_its_counters(forward_launcher):
+    """gdn_fused_terms launches through cuLaunchKernelEx with a (1, 1, gz) cluster (a (sequence, head)'s programs
+    start together) and refuses more than 8 a cluster; gdn_aot_forward zeroes the exchange counters on the call's
+    stream before that launch, and the other families launch plainly."""
+    source = (forward_launcher / launcher.SOURCE).read_text()
+    terms = source[source.index("CUresult gdn_aot_launch_gdn_fused_terms("):]
+    terms = terms[:terms.index("\n}\n")]
+    for line in ("cluster.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;", "cluster.value.clusterDim.z = gz;",
+                 "if (gz > 8) return CUDA_ERROR_INVALID_VALUE;", "return drv.LaunchKernelEx(&config, kern->function"):
+        assert line in terms, line
+    fused = source[source.index("CUresult gdn_aot_launch_gdn_fused("):]
+    assert "LaunchKernelEx" not in fused[:fused.index("\n}\n")]
+    route = source[source.index("    case GDN_AOT_ROUTE_FUSED_TERMS:\n        /* loaded"):]
+    memset, launch = route.index("drv.MemsetD32Async(ws + p.exchange_counters, 0"), route.index("gdn_aot_launch_")
+    assert memset < launch
+
+
 def test_forward_call_needs_a_value_for_every_kernel_param(monkeypatch):
     """A registry param the ABI does not declare, or a source naming nothing, fails the launcher generation."""
     kd = KERNELS["gdn_scan"]
@@ -174,7 +195,8 @@ def test_forward_call_needs_a_value_for_every_kernel_param(monkeypatch):
         launcher.param_expr("gdn_scan", decl.Param("x", "i32", "args.no_such_field"))
     assert launcher.forward_context(["gdn_prepare"], "sm_90a") is None  # no route's kernels: no gdn_aot_forward
     routes = launcher.forward_context(["gdn_fused"], "sm_90a")["routes"]
-    assert [(r["name"], r["built"]) for r in routes] == [("prepare_scan", False), ("fused", True)]
+    assert [(r["name"], r["built"]) for r in routes] == [("prepare_scan", False), ("fused", True),
+                                                         ("fused_terms", False)]
     # the sm_90a gdn_fused's fp16 inverse cannot take beta up to 2: refused there, not on sm_100a (tf32 inverse)
     assert "GDN_AOT_FORWARD_BETA_NEG_EIGVAL" in routes[1]["refused"]
     sm100 = launcher.forward_context(["gdn_fused"], "sm_100a")["routes"][1]["refused"]
@@ -201,6 +223,8 @@ def test_forward_refuses_bad_calls_without_a_driver(forward_launcher):
         assert lib.gdn_aot_forward(forward_args(prep, scan, **bad)) == CUDA_ERROR_INVALID_VALUE, bad
     assert lib.gdn_aot_forward(forward_args(prep, scan, workspace_bytes=need)) == CUDA_ERROR_INVALID_HANDLE
     assert lib.gdn_aot_forward(forward_args(fused_struct=fused)) == CUDA_ERROR_INVALID_HANDLE
+    # fused_terms zeroes its counters first: an unloaded kernel is refused before that
+    assert lib.gdn_aot_forward(forward_args(terms_struct=fused)) == CUDA_ERROR_INVALID_HANDLE
     for bad in (dict(BV=0), dict(BV=48)):  # gdn_fused tiles V too
         assert lib.gdn_aot_forward(forward_args(fused_struct=fused, **bad)) == CUDA_ERROR_INVALID_VALUE, bad
     # the sm_90a fused route refuses allow_neg_eigval (its fp16 inverse); the two-kernel route takes it
@@ -210,16 +234,19 @@ def test_forward_refuses_bad_calls_without_a_driver(forward_launcher):
 
 
 def test_checkpoint_params_come_last_from_the_forward_arguments():
-    """gdn_scan and gdn_fused take the checkpoint arguments as their last parameters (after `flags`, so the other
-    parameters keep their offsets in variants without checkpoints); gdn_prepare does not take them."""
+    """gdn_scan and gdn_fused take the checkpoint arguments as their last parameters after `flags` (so the other
+    parameters keep their offsets in variants without checkpoints), gdn_fused (and gdn_fused_terms, its source)
+    then the exchange regions; gdn_prepare takes neither."""
     want = [("state_checkpoints", "*{state}", "args.state_checkpoints"),
             ("checkpoint_rows", "i64", "args.checkpoint_rows"),
             ("checkpoint_cu_starts", "*i64", "args.checkpoint_cu_starts"),
             ("checkpoint_every_n_tokens", "i32", "args.checkpoint_every_n_tokens")]
-    for name in ("gdn_scan", "gdn_fused"):
-        params = decl.FAMILIES[name].params
-        assert [(p.name, p.type, p.source) for p in params[-4:]] == want and params[-5].name == "flags", name
-    assert not any("checkpoint" in p.name for p in decl.FAMILIES["gdn_prepare"].params)
+    exchange = [(n, t, f"workspace.{n}") for n, t in (("exchange_tiles", "*{dtype}"), ("exchange_scalings", "*fp32"),
+                                                      ("exchange_counters", "*i32"))]
+    for name, after in (("gdn_scan", []), ("gdn_fused", exchange), ("gdn_fused_terms", exchange)):
+        params = [(p.name, p.type, p.source) for p in decl.FAMILIES[name].params]
+        assert params[-4 - len(after):] == want + after and params[-5 - len(after)][0] == "flags", name
+    assert not any("checkpoint" in p.name or "exchange" in p.name for p in decl.FAMILIES["gdn_prepare"].params)
 
 
 def test_forward_refuses_bad_checkpoints_without_a_driver(forward_launcher):
@@ -261,18 +288,23 @@ def expected_plan(route: str, scratch: dict, B, T, n, H, HV, varlen=True, BV=64,
     a = lambda x: -(-x // 256) * 256  # noqa: E731  (each region 256-byte aligned)
     if route == "prepare_scan":
         grids = {"prepare": [slots, H, 1], "scan": [n, HV, V // BV]}
-        sizes = [rows * HV * K * 2, rows * HV * V * 2] + [rows * HV * 4] * 3
-    else:
-        grids, sizes = {"fused": [n, HV, V // BV]}, [0] * 5
+        sizes = [rows * HV * K * 2, rows * HV * V * 2] + [rows * HV * 4] * 3 + [0] * 3
+    elif route == "fused":
+        grids, sizes = {"fused": [n, HV, V // BV]}, [0] * 8
+    else:  # two terms programs a (sequence, head), each a ring of 8 chunk slots: two 64 x 64 bf16 tiles, 8 x 64 fp32
+        # scalings and two int32 counters a slot
+        grids = {"fused_terms": [n, HV, V // BV + 2]}
+        sizes = [0] * 5 + [n * HV * 16 * 2 * 64 * 64 * 2, n * HV * 16 * 8 * 64 * 4, n * HV * 16 * 2 * 4]
     need = max(scratch[h] * g[0] * g[1] * g[2] for h, g in grids.items())
-    offsets = [sum(a(x) for x in sizes[:i]) for i in range(6)]
+    offsets = [sum(a(x) for x in sizes[:i]) for i in range(9)]
     return {"grids": grids, "offsets": offsets, "scratch_bytes": need, "workspace_bytes": offsets[-1] + a(need)}
 
 
 def _check_plan(p, want):
-    for h in ("prepare", "scan", "fused"):
+    for h in ("prepare", "scan", "fused", "fused_terms"):
         assert list(getattr(p, f"{h}_grid")) == want["grids"].get(h, [0, 0, 0]), h
-    assert [p.w, p.u, p.gam, p.qg, p.kg, p.scratch] == want["offsets"]
+    assert [p.w, p.u, p.gam, p.qg, p.kg, p.exchange_tiles, p.exchange_scalings, p.exchange_counters,
+            p.scratch] == want["offsets"]
     assert p.scratch_bytes == want["scratch_bytes"] and p.workspace_bytes == want["workspace_bytes"]
 
 
@@ -286,11 +318,20 @@ def test_fused_route_plan(forward_launcher, B, T, n, H, HV, BV):
     assert p.T_arg == B * T
 
 
+@pytest.mark.parametrize("B, T, n, H, HV", [s[:5] for s in SHAPES if s[5]])
+def test_fused_terms_route_plan(forward_launcher, B, T, n, H, HV):
+    """The fused_terms route: grid (N, HV, V / 64 + 2), the exchange rings per (sequence, head), the scratch."""
+    lib = Launcher(forward_launcher / launcher.LIBRARY)
+    p = lib.plan(forward_args(terms_struct=KernelStruct(scratch_size=640), B=B, T=T, num_seqs=n, H=H, HV=HV))
+    _check_plan(p, expected_plan("fused_terms", {"fused_terms": 640}, B, T, n, H, HV, BV=64))
+    assert p.T_arg == B * T
+
+
 @pytest.mark.parametrize("arch, cap", [("sm_90a", (9, 0)), ("sm_100a", (10, 0))])
 def test_forward_plan_matches_the_loader(tiny_build, arch, cap):
     """For every route of the tiny build's dispatch table: the C plan has the documented grids and layout, and the
-    workspace the Python API allocates (routes.Route.workspace_bytes) covers it with at most 6 * 255 bytes to
-    spare."""
+    workspace the Python API allocates (routes.Route.workspace_bytes) covers it with at most 255 bytes for each of
+    the route's regions and the scratch to spare."""
     tiny_build.require(arch, "gdn_prepare")
     tiny_build.require(arch, "gdn_scan")
     arts = Artifacts.for_device(0, capability=cap, root=tiny_build.out)
@@ -309,4 +350,5 @@ def test_forward_plan_matches_the_loader(tiny_build, arch, cap):
                 assert p.T_arg == (B * T if varlen else T)
                 bound = route.workspace_bytes(B, T, n, H, HV)
                 if varlen:
-                    assert p.workspace_bytes <= bound <= p.workspace_bytes + 6 * 255
+                    regions = sum(route.name in r.routes for r in decl.REGIONS)
+                    assert p.workspace_bytes <= bound <= p.workspace_bytes + (regions + 1) * 255

@@ -337,7 +337,7 @@ def launched_args(monkeypatch, c) -> dict:
     from gdn_aot.loader.abi import FORWARD_ARG_FIELDS, FORWARD_ARGS, ROUTE_ARGS
 
     sent = []
-    route = SimpleNamespace(prefix=ROUTE_ARGS.pack(0, 11, 12, 0, 128, 128, 64, 64, 2), refused_options=0)
+    route = SimpleNamespace(prefix=ROUTE_ARGS.pack(0, 11, 12, 0, 0, 128, 128, 64, 64, 2), refused_options=0)
     routes = SimpleNamespace(launcher=SimpleNamespace(gdn_aot_forward=lambda args: sent.append(args) or 0))
     monkeypatch.setattr(api, "_current_device", lambda: 0)
     monkeypatch.setattr(api, "_raw_stream", lambda index: 77)
@@ -357,8 +357,9 @@ def test_launch_packs_the_declared_fields(monkeypatch):
                      use_qk_l2norm_in_kernel=True, scale=0.25)
     allocate(c)
     got = launched_args(monkeypatch, c)
-    assert {n: got[n] for n in ("route", "prepare", "scan", "fused", "K", "V", "BT", "BV", "elt")} == dict(
-        route=0, prepare=11, scan=12, fused=0, K=128, V=128, BT=64, BV=64, elt=2)
+    names = ("route", "prepare", "scan", "fused", "fused_terms", "K", "V", "BT", "BV", "elt")
+    assert {n: got[n] for n in names} == dict(
+        route=0, prepare=11, scan=12, fused=0, fused_terms=0, K=128, V=128, BT=64, BV=64, elt=2)
     for name in ("q", "k", "v", "g", "beta", "cu_seqlens"):
         assert got[name] == getattr(c, name).data_ptr(), name
     assert got["h0"] == h0.data_ptr() and got["ht"] == c.output_state.data_ptr() and got["o"] == c.output.data_ptr()

@@ -256,11 +256,13 @@ def test_c_select_answers_as_python(table_launcher):
 
 def test_shipped_specs_route_sm90_configurations():
     """specs/qwen35.yaml: on sm_90a gdn_fused serves the configurations without gating alone (batch invariant),
-    gdn_prepare + gdn_scan the gating ones; specs/qwen35-fastest.yaml: the same variants plus the non-gating
-    sm_90a gdn_prepare, which with gdn_scan takes the batches of up to SMs / 4 programs."""
+    gdn_prepare + gdn_scan the gating ones; specs/qwen35-fastest.yaml: the same variants plus the non-gating sm_90a
+    gdn_prepare, which with gdn_scan takes the batches of up to SMs / 4 programs; specs/terms-preview.yaml:
+    qwen35.yaml's plus gdn_fused_terms (sm_90a, BV 64, no gating), which takes the batches whose four programs a
+    (sequence, head) all fit (num_seqs * HV * 4 <= SMs), computing gdn_fused's bits."""
     from gdn_aot.build.spec import load_spec
 
-    fast, qwen = load_spec("qwen35-fastest"), load_spec("qwen35")
+    fast, qwen, terms = load_spec("qwen35-fastest"), load_spec("qwen35"), load_spec("terms-preview")
     extra = {v.key for v in fast.variants} - {v.key for v in qwen.variants}
     assert {v.key for v in qwen.variants} < {v.key for v in fast.variants}
     assert {(v.kernel, v.arch, v.gating) for v in fast.variants if v.key in extra} == {
@@ -269,7 +271,11 @@ def test_shipped_specs_route_sm90_configurations():
     assert {(v.arch, v.BV) for v in fused} == {("sm_90a", 64), ("sm_90a", 128)} and not any(v.gating for v in fused)
     assert fast.dispatch["sm_90a"] == {**qwen.dispatch["sm_90a"], "gdn_fused": {"above_factor": 0.25}}
     assert fast.dispatch["sm_100a"] == qwen.dispatch["sm_100a"]
-    for spec, want in ((qwen, ["fused"] * 4), (fast, ["prepare_scan", "prepare_scan", "fused", "fused"])):
+    added = [v for v in terms.variants if v.key not in {x.key for x in qwen.variants}]
+    assert {(v.kernel, v.arch, v.BV, v.gating) for v in added} == {("gdn_fused_terms", "sm_90a", 64, False)}
+    assert terms.dispatch == qwen.dispatch and {v.key for v in qwen.variants} < {v.key for v in terms.variants}
+    for spec, want in ((qwen, ["fused"] * 4), (fast, ["prepare_scan", "prepare_scan", "fused", "fused"]),
+                       (terms, ["fused_terms", "fused_terms", "fused", "fused"])):
         variants = {v.key: entry(v) for v in spec.for_arch("sm_90a")}
         table = build_table(spec.dispatch["sm_90a"], variants, USES)
         assert [select(table, config(), p, 132)["route"] for p in (1, 33, 34, 1024)] == want

@@ -38,19 +38,19 @@ def test_every_ablation_applies_to_the_kernel(name):
 def test_unsynced_drops_only_the_two_terms_waits():
     edited = fused_ablate.VARIANTS["unsynced"](KERNEL)
     for partition, wait in (("_state_partition", "terms.bars.wait_ready(c)"),
-                            ("_aux_partition", "_wait_terms_slot(inputs, terms, c, o_in_terms)")):
+                            ("_aux_partition", fused_ablate.CLAIM_TERMS_SLOT.strip())):
         assert wait in _function(KERNEL, partition)
         assert wait not in _function(edited, partition)
         # everything else in the loop is still there: the products, the releases and publications
         assert (_function(edited, partition).count("warpgroup_mma(")
                 == _function(KERNEL, partition).count("warpgroup_mma("))
     assert KERNEL.replace("        terms.bars.wait_ready(c)\n", "", 1) \
-        .replace("        _wait_terms_slot(inputs, terms, c, o_in_terms)\n        gam_r", "        gam_r", 1) == edited
+        .replace("        " + fused_ablate.CLAIM_TERMS_SLOT + "        gam_r", "        gam_r", 1) == edited
 
 
 def test_stubs_remove_their_partition_s_products():
     aux = _function(fused_ablate.VARIANTS["aux_stub"](KERNEL), "_aux_partition")
-    assert "warpgroup_mma(" not in aux and "terms.bars.publish(c)" in aux
+    assert "warpgroup_mma(" not in aux and "_hand_over_terms(terms, c, exchange)" in aux
     state = _function(fused_ablate.VARIANTS["state_stub"](KERNEL), "_state_partition")
     assert "warpgroup_mma(" not in state and "inputs.bars.release(c)" in state
 

@@ -217,12 +217,14 @@ def test_gating_in_kernel(with_bias, neg_eigval):
     assert rel_max_err(ht.cpu(), ref_ht) <= TOL[torch.bfloat16]
 
 
-@pytest.mark.parametrize("shape_class", ["single_wave", "small_batch", "default"])
+@pytest.mark.parametrize("shape_class", ["terms", "single_wave", "small_batch", "default"])
 @pytest.mark.parametrize("transpose", [False, True])
 def test_every_dispatch_row(shape_class, transpose, monkeypatch):
-    """The route of each dispatch row of the class (on specs/qwen35.yaml's sm_90a varlen artifacts: gdn_fused at
-    BV 64 and 128; on specs/qwen35-fastest.yaml's also the warp-specialised scan at BV 32), forced on one
-    odd-length batch: which row a batch lands in must not change the result."""
+    """The route of each dispatch row of the class (on specs/qwen35.yaml's sm_90a varlen artifacts: gdn_fused at BV
+    64 and 128; on specs/qwen35-fastest.yaml's also the warp-specialised scan at BV 32; on specs/terms-preview.yaml's
+    also gdn_fused_terms), forced on one odd-length batch: which row a batch lands in must not change the result
+    (forced, the terms route runs more clusters than fit at once: each cluster's programs start together, whatever
+    waits)."""
     from gdn_aot.loader import Artifacts
 
     routes = Artifacts.for_device(torch.cuda.current_device()).routes("bf16", K, V, True, transpose)

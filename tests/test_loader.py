@@ -376,5 +376,5 @@ def test_route_packs_its_half_of_the_arguments(tiny_build, monkeypatch):
         route.load()
         got = dict(zip([f.name for f in ROUTE_FIELDS], ROUTE_ARGS.unpack(route.prefix)))
         prep, scan = route.kernels["gdn_prepare"], route.kernels["gdn_scan"]
-        assert got == dict(route=ROUTES["prepare_scan"].id, prepare=prep.handle, scan=scan.handle, fused=0, K=128,
-                           V=128, BT=64, BV=scan.BV, elt=2)
+        assert got == dict(route=ROUTES["prepare_scan"].id, prepare=prep.handle, scan=scan.handle, fused=0,
+                           fused_terms=0, K=128, V=128, BT=64, BV=scan.BV, elt=2)

@@ -222,13 +222,13 @@ def test_shipped_specs_enumerate():
     assert {(v.kernel, v.BV, v.num_warps) for v in ckpt if v.arch == "sm_90a"} == {
         ("gdn_scan", 128, 8), ("gdn_scan", 32, 16), ("gdn_scan", 64, 16), ("gdn_fused", 64, 16), ("gdn_fused", 128, 16)}
     t = load_spec("tiny")  # a shipped spec by name
-    assert len(t.variants) == 32
+    assert len(t.variants) == 33
     for arch in ("sm_90a", "sm_100a"):
         assert sorted(v.num_warps for v in t.for_arch(arch) if v.kernel == "gdn_prepare") == [4, 16]
     assert {(v.kernel, v.BV, v.num_warps, v.transpose, v.state_dtype, v.checkpoints) for v in t.for_arch("sm_103a")} \
         == {("gdn_prepare", 128, 4, False, "fp32", False), ("gdn_scan", 64, 4, False, "fp32", False),
             ("gdn_scan", 64, 16, False, "fp32", False), ("gdn_fused", 128, 16, False, "fp32", False)}
-    assert {v.kernel for v in t.variants} == {"gdn_prepare", "gdn_scan", "gdn_fused"}
+    assert {v.kernel for v in t.variants} == {"gdn_prepare", "gdn_scan", "gdn_fused", "gdn_fused_terms"}
     plain_scans = [v for v in t.for_arch("sm_90a") if v.kernel == "gdn_scan" and not v.checkpoints]
     assert sorted(v.transpose for v in plain_scans) == [False, False, True, True, True]  # one of them bf16-state
     # the shipped specs' BVs: sm_90a's 4-warp scan at 32, the warp-specialised one at 64
@@ -386,7 +386,7 @@ def test_state_dtype_specs_enumerate():
                                                          if v.kernel == "gdn_scan" and v.varlen}
 
 
-@pytest.mark.parametrize("name", ["qwen35", "qwen35-fastest", "state-dtypes", "fused-preview"])
+@pytest.mark.parametrize("name", ["qwen35", "qwen35-fastest", "state-dtypes", "fused-preview", "terms-preview"])
 def test_shipped_specs_build_only_what_the_dispatch_takes(name):
     """Every variant a serving spec builds is a kernel of some row of its dispatch table, whose rows all serve
     some batch (a row an earlier one covers is dropped; tiny.yaml, the test build, adds variants for the SASS

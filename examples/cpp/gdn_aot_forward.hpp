@@ -218,10 +218,10 @@ inline Plan plan_of(const gdn_aot_forward_args_t &a) {
 }
 
 // The dispatch row of a batch and its variants (nothing loaded: no driver needed). The row names the variants of
-// its route by family (prepare, scan or fused); the others are left empty.
+// its route by family (prepare, scan, fused or fused_terms); the others are left empty.
 struct Selection {
     const gdn_aot_dispatch_row_t *row = nullptr;
-    Variant prepare, scan, fused;
+    Variant prepare, scan, fused, fused_terms;
 
     static Selection select(const ArtifactDir &dir, const Config &c, int64_t programs, int64_t sm_count) {
         const gdn_aot_dispatch_row_t *r =
@@ -245,33 +245,36 @@ struct Selection {
         if (r->prepare) s.prepare = dir.find(r->prepare);
         if (r->scan) s.scan = dir.find(r->scan);
         if (r->fused) s.fused = dir.find(r->fused);
+        if (r->fused_terms) s.fused_terms = dir.find(r->fused_terms);
         return s;
     }
 
     // The variants of the route, in launch order.
     std::vector<const Variant *> variants() const {
         std::vector<const Variant *> out;
-        for (const Variant *v : {&prepare, &scan, &fused})
+        for (const Variant *v : {&prepare, &scan, &fused, &fused_terms})
             if (!v->key.empty()) out.push_back(v);
         return out;
     }
 
     // The arguments of gdn_aot_forward for a shape, with these kernel handles (tensors, workspace, stream left 0).
+    // The last variant of every route tiles V (gdn_scan, gdn_fused or gdn_fused_terms): its BV is the route's.
     gdn_aot_forward_args_t args(const Shape &s, const gdn_aot_kernel_t *p, const gdn_aot_kernel_t *k,
-                                const gdn_aot_kernel_t *f) const {
+                                const gdn_aot_kernel_t *f, const gdn_aot_kernel_t *t) const {
         gdn_aot_forward_args_t a{};
-        a.route = row->route, a.prepare = p, a.scan = k, a.fused = f;
+        a.route = row->route, a.prepare = p, a.scan = k, a.fused = f, a.fused_terms = t;
         a.B = s.B, a.T = s.T, a.num_seqs = s.num_seqs, a.H = s.H, a.HV = s.HV, a.K = s.K, a.V = s.V;
-        a.BT = variants().front()->BT, a.BV = scan.key.empty() ? fused.BV : scan.BV, a.elt = 2;
+        a.BT = variants().front()->BT, a.BV = variants().back()->BV, a.elt = 2;
         a.cu_seqlens = s.varlen ? 1 : 0;  // planning reads only whether it is set
         return a;
     }
 
     // The plan of a call of this shape (the launcher computes it; no GPU needed)
     Plan plan(const Shape &s) const {
-        const gdn_aot_kernel_t p = Kernel::unloaded(prepare), k = Kernel::unloaded(scan), f = Kernel::unloaded(fused);
+        const gdn_aot_kernel_t p = Kernel::unloaded(prepare), k = Kernel::unloaded(scan), f = Kernel::unloaded(fused),
+                               t = Kernel::unloaded(fused_terms);
         return plan_of(args(s, prepare.key.empty() ? nullptr : &p, scan.key.empty() ? nullptr : &k,
-                            fused.key.empty() ? nullptr : &f));
+                            fused.key.empty() ? nullptr : &f, fused_terms.key.empty() ? nullptr : &t));
     }
 };
 
@@ -282,27 +285,28 @@ class Forward {
         if (!sel.prepare.key.empty()) prepare_.reset(new Kernel(dir, sel.prepare));
         if (!sel.scan.key.empty()) scan_.reset(new Kernel(dir, sel.scan));
         if (!sel.fused.key.empty()) fused_.reset(new Kernel(dir, sel.fused));
+        if (!sel.fused_terms.key.empty()) fused_terms_.reset(new Kernel(dir, sel.fused_terms));
     }
 
     const Selection &selection() const { return sel_; }
     gdn_aot_forward_args_t args(const Shape &s) const {
         return sel_.args(s, prepare_ ? prepare_->get() : nullptr, scan_ ? scan_->get() : nullptr,
-                         fused_ ? fused_->get() : nullptr);
+                         fused_ ? fused_->get() : nullptr, fused_terms_ ? fused_terms_->get() : nullptr);
     }
     Plan plan(const Shape &s) const { return plan_of(args(s)); }
     size_t workspace_bytes(const Shape &s) const { return plan(s).workspace_bytes; }
 
   private:
     Selection sel_;
-    std::unique_ptr<Kernel> prepare_, scan_, fused_;
+    std::unique_ptr<Kernel> prepare_, scan_, fused_, fused_terms_;
 };
 
 // The forward: the route's launches on `stream`, no host synchronisation (capturable in a CUDA graph).
 // workspace: workspace_bytes(shape) bytes of device memory, GDN_AOT_WORKSPACE_ALIGN-aligned (cuMemAlloc's are).
 inline CUresult gdn_forward(const Forward &fwd, const Shape &s, const Tensors &t, const Options &opt,
                             CUdeviceptr workspace, size_t workspace_bytes, CUstream stream) {
-    const Variant &v = *fwd.selection().variants().front();      // reads the gates: gdn_prepare or gdn_fused
-    const Variant &last = *fwd.selection().variants().back();    // writes the states: gdn_scan or gdn_fused
+    const Variant &v = *fwd.selection().variants().front();      // reads the gates: gdn_prepare or gdn_fused(_terms)
+    const Variant &last = *fwd.selection().variants().back();    // writes the states: gdn_scan or gdn_fused(_terms)
     if (s.K != v.K || s.V != v.V || s.varlen != v.varlen || (s.varlen && !t.cu_seqlens) || (t.state_indices && !t.h0) ||
         (opt.gate_in_kernel && !t.A_log) || ((opt.gate_in_kernel || opt.beta_sigmoid) && !v.gating) ||
         (opt.checkpoint_every_n_tokens && !last.checkpoints))

@@ -216,10 +216,10 @@ HostInputs host_inputs(const Args &a, int rows, int N) {
 
 void print_selection(const gdn_aot::Selection &sel, const gdn_aot::Plan &plan) {
     std::printf("route: %d\nclass: %s\n", sel.row->route, sel.row->shape_class);
-    const unsigned *grids[] = {plan.prepare_grid, plan.scan_grid, plan.fused_grid};
-    const char *names[] = {"prepare", "scan", "fused"};
-    const gdn_aot::Variant *variants[] = {&sel.prepare, &sel.scan, &sel.fused};
-    for (int i = 0; i < 3; i++) {
+    const unsigned *grids[] = {plan.prepare_grid, plan.scan_grid, plan.fused_grid, plan.fused_terms_grid};
+    const char *names[] = {"prepare", "scan", "fused", "fused_terms"};
+    const gdn_aot::Variant *variants[] = {&sel.prepare, &sel.scan, &sel.fused, &sel.fused_terms};
+    for (int i = 0; i < 4; i++) {
         if (variants[i]->key.empty()) continue;
         std::printf("%s: %s\n%s_grid: %u %u %u\n", names[i], variants[i]->key.c_str(), names[i], grids[i][0],
                     grids[i][1], grids[i][2]);
