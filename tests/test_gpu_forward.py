@@ -222,9 +222,9 @@ def test_gating_in_kernel(with_bias, neg_eigval):
 def test_every_dispatch_row(shape_class, transpose, monkeypatch):
     """The route of each dispatch row of the class (on specs/qwen35.yaml's sm_90a varlen artifacts: gdn_fused at BV
     64 and 128; on specs/qwen35-fastest.yaml's also the warp-specialised scan at BV 32; on specs/terms-preview.yaml's
-    also gdn_fused_terms), forced on one odd-length batch: which row a batch lands in must not change the result
-    (forced, the terms route runs more clusters than fit at once: each cluster's programs start together, whatever
-    waits)."""
+    also gdn_fused_terms), forced on one odd-length batch: which row a batch lands in must not change the result.
+    The terms row gets 12 more sequences: 18 x HV 4 = 72 clusters of four programs, more than fit the GPU at once
+    (33 on 132 SMs), so the later clusters wait for whole earlier ones (each cluster's programs start together)."""
     from gdn_aot.loader import Artifacts
 
     routes = Artifacts.for_device(torch.cuda.current_device()).routes("bf16", K, V, True, transpose)
@@ -232,10 +232,11 @@ def test_every_dispatch_row(shape_class, transpose, monkeypatch):
     chosen = [r for r in routes.routes if r.row["class"] == shape_class]
     if not chosen:
         pytest.skip(f"these artifacts have no {shape_class} row")
+    lens = [1, 63, 0, 65, 130, 1000] + ([129, 64, 7, 300, 0, 2, 191, 640, 33, 256, 65, 1] if shape_class == "terms"
+                                         else [])
     for route in chosen:
         monkeypatch.setattr(routes, "tiers", ((float("inf"), route),))
-        run_case(f"{shape_class} row ({route}) transpose={transpose}", [1, 63, 0, 65, 130, 1000],
-                 transpose=transpose)
+        run_case(f"{shape_class} row ({route}) transpose={transpose}", lens, transpose=transpose)
 
 
 def test_converted_inputs_give_the_same_result():
