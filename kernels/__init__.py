@@ -116,12 +116,16 @@ def _fused_constexprs(terms_program: bool):
     return constexprs
 
 
+def _fused_options(v: Variant) -> dict:
+    return _fused_ws(v).options(v)
+
+
 _FUSED_AXES = frozenset({"dtype", "K", "V", "BT", "BV", "varlen", "transpose", "state_dtype", "gating", "checkpoints"})
 GDN_FUSED = KernelDef(
     name="gdn_fused",
     params=abi.FAMILIES["gdn_fused"].kernel_params,
     constexprs=_fused_constexprs(False),
-    options=lambda v: _fused_ws(v).options(v),
+    options=_fused_options,
     sources={"sm90": ".fused_sm90:fused_kernel", "sm100": ".fused_sm100:fused_kernel"},
     grid=abi.FAMILIES["gdn_fused"].grid_doc,
     uses_axes=_FUSED_AXES,
@@ -133,7 +137,7 @@ GDN_FUSED_TERMS = KernelDef(
     name="gdn_fused_terms",
     params=abi.FAMILIES["gdn_fused_terms"].kernel_params,
     constexprs=_fused_constexprs(True),
-    options=lambda v: _fused_ws(v).options(v),
+    options=_fused_options,
     sources={"sm90": ".fused_sm90:fused_kernel"},
     grid=abi.FAMILIES["gdn_fused_terms"].grid_doc,
     uses_axes=_FUSED_AXES,

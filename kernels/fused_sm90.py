@@ -69,7 +69,8 @@ the terms of chunks i, i + 2, ... in three aux partitions (the default partition
 them over through its ring of EXCHANGE_SLOTS chunk slots in global memory (TermExchange: TMA stores, ready and
 consumed counters); the state programs' two aux partitions become importers (chunks 0, 2, .. from ring 0 and 1, 3, ..
 from ring 1), their load partition loads q, k and v only, and their norms and state partitions are gdn_fused's.
-The terms are computed by the same functions from the same tiles, so o and the state are bitwise gdn_fused's.
+The terms are computed by the same functions from the same tiles, so o and the state are meant to be gdn_fused's
+bits (as the one-program prototype's were; this kernel has not run yet).
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -296,6 +297,13 @@ RELEASE_ADD = gl.constexpr("{ .reg .pred p; setp.eq.s32 p, $2, 0; @p red.release
                            "mov.b32 $0, 0; }")
 
 
+@gluon.jit
+def _each_lane():
+    """The partition's thread indices, one a thread: the operand that runs TermExchange's inline asm once a thread."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    return gl.arange(0, 32 * gl.num_warps(), layout)
+
+
 @aggregate
 class TermExchange:
     """A (sequence, value head)'s chunk terms in global memory, from its terms program to its state programs: a ring
@@ -342,19 +350,15 @@ class TermExchange:
 
     @gluon.jit
     def _one_a_thread(self, ptr, value, asm: gl.constexpr):
-        n: gl.constexpr = 32 * gl.num_warps()
-        layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
-        idx = gl.arange(0, n, layout)
-        gl.inline_asm_elementwise(asm, "=r,l,r,r", [ptr + idx * 0, idx, gl.zeros([n], gl.int32, layout) + value],
-                                  dtype=gl.int32, is_pure=False, pack=1)
+        lane = _each_lane()
+        gl.inline_asm_elementwise(asm, "=r,l,r,r", [ptr + lane * 0, lane, lane * 0 + value], dtype=gl.int32,
+                                  is_pure=False, pack=1)
 
     @gluon.jit
     def _spin(self, ptr, target, asm: gl.constexpr):
-        n: gl.constexpr = 32 * gl.num_warps()
-        layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
-        idx = gl.arange(0, n, layout)
-        gl.inline_asm_elementwise(asm, "=r,l,r", [ptr + idx * 0, gl.zeros([n], gl.int32, layout) + target],
-                                  dtype=gl.int32, is_pure=False, pack=1)
+        lane = _each_lane()
+        gl.inline_asm_elementwise(asm, "=r,l,r", [ptr + lane * 0, lane * 0 + target], dtype=gl.int32, is_pure=False,
+                                  pack=1)
 
     @gluon.jit
     def wait_free(self, c):
@@ -381,10 +385,7 @@ class TermExchange:
     @gluon.jit
     def _each_thread(self, asm: gl.constexpr):
         """asm (one output, one input, both unused) once in every thread of the partition."""
-        n: gl.constexpr = 32 * gl.num_warps()
-        layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
-        gl.inline_asm_elementwise(asm, "=r,r", [gl.zeros([n], gl.int32, layout)], dtype=gl.int32, is_pure=False,
-                                  pack=1)
+        gl.inline_asm_elementwise(asm, "=r,r", [_each_lane() * 0], dtype=gl.int32, is_pure=False, pack=1)
 
     @gluon.jit
     def complete(self, c):
