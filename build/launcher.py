@@ -103,19 +103,19 @@ def _launch(fam: abi.Family) -> dict:
 
 
 def _region(r: abi.Region) -> dict:
-    """A region's size in C (over `a`, and hv_rows or seq_heads), for the plan; `words`: a zeroed region's in int32
-    words, for gdn_aot_forward's memset."""
+    """A region's size in C (over `a`, and hv_rows or seq_heads), for the plan."""
     factors = "".join(f" * (uint64_t)a.{f}" if isinstance(f, str) else f" * {f}" for f in r.size)
     count = {"row_head": "hv_rows", "seq_head": "seq_heads"}[r.per]
     uses = " || ".join(f"a.route == GDN_AOT_ROUTE_{name.upper()}" for name in r.routes)
-    constant = 1
-    for f in r.size:
-        constant *= f if isinstance(f, int) else 1
-    if r.zeroed and constant % 4:
-        raise LauncherError(f"zeroed region {r.name!r} is set by 4-byte words, so its size {r.size} needs a constant "
-                            "factor divisible by 4 (loader/abi.py REGIONS)")
-    return {"name": r.name, "size": f"({uses}) ? {count}{factors} : 0", "doc": r.doc,
-            "words": f"{count}{factors} / 4", "routes": r.routes, "zeroed": r.zeroed}
+    return {"name": r.name, "size": f"({uses}) ? {count}{factors} : 0", "doc": r.doc}
+
+
+def _zeroed(route: str) -> list[dict]:
+    """The route's zeroed regions, each with the plan field that follows it (the next region or the scratch): the
+    forward zeroes the span between the two offsets, the region and its alignment padding (whole 4-byte words, as
+    WORKSPACE_ALIGN is)."""
+    after = [r.name for r in abi.REGIONS[1:]] + ["scratch"]
+    return [{"name": r.name, "end": end} for r, end in zip(abi.REGIONS, after) if r.zeroed and route in r.routes]
 
 
 def forward_context(kernel_names, arch: str) -> dict | None:
@@ -130,7 +130,7 @@ def forward_context(kernel_names, arch: str) -> dict | None:
         refused += [f"(a->options & GDN_AOT_FORWARD_{option})" for on, option, _ in r.refuses if on == arch]
         routes.append({"name": r.name, "NAME": r.name.upper(), "id": r.id, "built": built,
                        "refused": " || ".join(refused), "launches": [_launch(f) for f in fams] if built else [],
-                       "zeroed": [_region(g) for g in abi.REGIONS if g.zeroed and r.name in g.routes]})
+                       "zeroed": _zeroed(r.name)})
     if not any(r["built"] for r in routes):
         return None
     return {"fields": abi.FORWARD_ARG_FIELDS, "plan_fields": abi.PLAN_FIELDS, "align": abi.WORKSPACE_ALIGN,
