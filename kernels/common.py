@@ -131,6 +131,16 @@ def exp_ftz(x):
 
 
 @gluon.jit
+def log2_units(x):
+    """x times log2 e, rounded to fp32 on its own (mul.rn, which neither LLVM nor ptxas fuses into an add). Left to
+    the compiler, the product of a gate row went into the first add of gam's cumsum as one FFMA where the gates are
+    loaded and summed in one loop iteration, and was rounded first where they are loaded a chunk ahead: two kernels
+    meant to give the same bits (gdn_fused and gdn_fused_terms) gave gam different last bits."""
+    return gl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=r,r,r", [x, gl.full_like(x, LOG2E)],
+                                     dtype=gl.float32, is_pure=True, pack=1)
+
+
+@gluon.jit
 def causal_decay(gam_rows, gam_cols, n_rows, STRICT: gl.constexpr):
     """M_ij = exp(gam_i - gam_j) on the (strictly) lower triangle of valid rows, else 0.
 

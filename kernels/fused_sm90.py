@@ -82,7 +82,7 @@ from . import FUSED_HAS_H0 as _HAS_H0, FUSED_L2NORM as _L2NORM, FUSED_STORE_HT a
 from . import FUSED_GATE_IN_KERNEL as _GATE_IN_KERNEL, FUSED_USE_INDICES as _USE_INDICES
 from . import EXCHANGE_SCALINGS as _EXCHANGE_SCALINGS, EXCHANGE_SLOTS as _EXCHANGE_SLOTS
 from . import TERMS_PROGRAMS as _TERMS_PROGRAMS
-from .common import (LOG2E, Checkpoints, GateSource, inverse_norm, load_state_tile, loop_variant,
+from .common import (Checkpoints, GateSource, inverse_norm, load_state_tile, log2_units, loop_variant,
                      row_tile_desc, sequence_and_head, sequence_bounds, state_io_layout, store_state_tile,
                      wgmma_layout)
 
@@ -532,7 +532,7 @@ def _gate_rows(gate_source, c, seq_len, HV, BT: gl.constexpr, layout: gl.constex
     r = gl.arange(0, BT, layout)
     live = r < seq_len - c * BT
     offs = (c * BT + r).to(gl.int64) * HV
-    return gate_source.log_decay(offs, live) * LOG2E, gate_source.betas(offs, live)
+    return log2_units(gate_source.log_decay(offs, live)), gate_source.betas(offs, live)
 
 
 @gluon.jit
