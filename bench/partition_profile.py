@@ -10,7 +10,10 @@ partition's other warps. Two steps, from the repository root:
     python3 bench/partition_profile.py units DIR/raw.csv                  # anywhere: how busy each unit was
 record JIT-compiles the checkout's kernels/fused_sm90.py (bench/fused_ablate.py's copy and launch), runs it twice,
 profiles the third launch under ncu (--set full, --clock-control none) and exports its SASS source page with the
-stall-reason columns. report finds the loops from the predicated backward branches of that SASS and prints, for
+stall-reason columns; with --row N it profiles the installed gdn_aot's dispatch row N instead (bench/rows.py's
+numbering, on a bench.py case: `record --row 0 --case 1x8192` is the terms route of a specs/terms-preview.yaml build,
+cluster launch and all), which needs no triton.
+report finds the loops from the predicated backward branches of that SASS and prints, for
 each loop of at least --min-insns instructions: the partition it is (state, aux, load or norms, and import in
 gdn_fused_terms, told apart by opcodes only that partition has: loop_role), its samples and
 share of the kernel's, the leading stall reasons, and the instructions with the most samples, each with the one
@@ -244,21 +247,41 @@ def static_report(sass_text, min_insns=100):
     return "\n".join(lines)
 
 
-def record(case, out, bv=128):
-    """Profile one launch of the checkout's gdn_fused on `case` (a fused_ablate.py case) at V tile `bv` into
-    out/source.csv and out/raw.csv."""
+def record(case, out, bv=128, row=None):
+    """Profile one launch of the checkout's gdn_fused on `case` (a fused_ablate.py case) at V tile `bv`, or with
+    `row` of the installed gdn_aot's dispatch row `row` on `case` (a bench.py case), into out/source.csv and
+    out/raw.csv."""
     os.makedirs(out, exist_ok=True)
     report = os.path.join(out, "profile")
+    what = ["--bv", str(bv)] if row is None else ["--row", str(row)]
     subprocess.run(["ncu", "--clock-control", "none", "-k", "regex:fused_kernel", "--launch-skip", "2",
                     "--launch-count", "1", "--set", "full", "--import-source", "no", "-f", "-o", report,
-                    sys.executable, os.path.abspath(__file__), "launch", "--case", case, "--bv", str(bv)],
-                   check=True)
+                    sys.executable, os.path.abspath(__file__), "launch", "--case", case] + what, check=True)
     with open(os.path.join(out, "source.csv"), "w") as f:
         subprocess.run(["ncu", "-i", report + ".ncu-rep", "--page", "source", "--csv", "--print-source", "sass"],
                        stdout=f, check=True)
     with open(os.path.join(out, "raw.csv"), "w") as f:
         subprocess.run(["ncu", "-i", report + ".ncu-rep", "--page", "raw", "--csv"], stdout=f, check=True)
     print(f"wrote {os.path.join(out, 'source.csv')} and raw.csv")
+
+
+def launch_row(case, row):
+    """Three forwards of the installed gdn_aot with every batch sent to its dispatch row `row` (bench/rows.py's
+    numbering: bf16 varlen, K = V = 128, the [K, V] state) on the bench.py case `case`."""
+    import torch
+    from gdn_aot.loader import Artifacts
+
+    sys.path.insert(0, HERE)
+    from bench import cu_tensors, make_inputs, parse_cases
+    from rows import forced_forward
+
+    routes = Artifacts.for_device(torch.cuda.current_device()).routes("bf16", 128, 128, True, False)
+    routes.load()
+    (c,) = parse_cases(case)
+    x = make_inputs(c.lens, c.HV, 0, cu_tensors(c.lens))
+    for _ in range(3):
+        forced_forward(routes, routes.routes[row], x, False)
+    torch.cuda.synchronize()
 
 
 def launch(case, bv=128):
@@ -289,6 +312,8 @@ def main(argv=None):
     la.add_argument("--case", default="32x8192")
     for sp in (r, la):
         sp.add_argument("--bv", type=int, choices=(64, 128), default=128, help="value rows of a program's state")
+        sp.add_argument("--row", type=int, help="the installed gdn_aot's dispatch row instead (bench/rows.py's "
+                        "numbering; --case then a bench.py case, e.g. 1x8192)")
     p = sub.add_parser("report", help="samples per chunk loop from source.csv")
     p.add_argument("csv")
     p.add_argument("--min-insns", type=int, default=100, help="smaller loops (mbarrier retries) are left out")
@@ -301,9 +326,12 @@ def main(argv=None):
     st.add_argument("--min-insns", type=int, default=100, help="smaller loops (mbarrier retries) are left out")
     args = ap.parse_args(argv)
     if args.step == "record":
-        record(args.case, args.out, args.bv)
+        record(args.case, args.out, args.bv, args.row)
     elif args.step == "launch":
-        launch(args.case, args.bv)
+        if args.row is None:
+            launch(args.case, args.bv)
+        else:
+            launch_row(args.case, args.row)
     elif args.step == "units":
         print(units_report(args.csv))
     elif args.step == "static":

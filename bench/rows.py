@@ -8,7 +8,8 @@ Runs the installed gdn_aot (its artifacts, GDN_AOT_ARTIFACTS or the wheel's) thr
 an fp32 state, H = 16, K = V = 128, q and k L2-normed in the kernel; cases as bench.py's (NxL, L1+L2+.., @HV).
 Each row is forced as tests/test_gpu_forward.py forces one (Routes.tiers), including rows whose bound the batch
 exceeds (the terms route then runs more clusters than fit at once). Per case: each row's median ms (CUDA events
-around each call, timing.timed_alternating) and whether its o and final state equal the first row's bit for bit.
+around each call, timing.timed_alternating) and whether its o and final state equal the first row's bit for bit
+(True, else the largest |difference| of o / of the state).
 Needs a CUDA GPU.
 """
 from __future__ import annotations
@@ -36,6 +37,13 @@ def forced_forward(routes, route, x, transpose):
                                           use_qk_l2norm_in_kernel=True, transpose_state=transpose)
 
 
+def bitwise_or_distance(out, ref):
+    """Returns "True" if (o, final state) equals ref bit for bit, else the largest |difference| of each: "o/state"."""
+    if all(torch.equal(a, b) for a, b in zip(out, ref)):
+        return "True"
+    return "/".join(f"{(a.float() - b.float()).abs().max().item():.1e}" for a, b in zip(out, ref))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cases", default="1x2048,1x8192,1x65536,4096+4096")
@@ -52,10 +60,10 @@ def main():
     for case in parse_cases(args.cases):
         x = make_inputs(case.lens, case.HV, 0, cu_tensors(case.lens))
         outs = [forced_forward(routes, r, x, args.transpose) for r in rows]
-        same = [torch.equal(o[0], outs[0][0]) and torch.equal(o[1], outs[0][1]) for o in outs]
+        same = [bitwise_or_distance(o, outs[0]) for o in outs]
         times = timed_alternating([lambda r=r: forced_forward(routes, r, x, args.transpose) for r in rows],
                                   args.reps)
-        print(f"{case.id:14s}" + "".join(f"{t:10.3f}" for t in times) + "  " + " ".join(map(str, same)), flush=True)
+        print(f"{case.id:14s}" + "".join(f"{t:10.3f}" for t in times) + "  " + " ".join(same), flush=True)
 
 
 if __name__ == "__main__":

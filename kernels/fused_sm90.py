@@ -69,8 +69,8 @@ the terms of chunks i, i + 2, ... in three aux partitions (the default partition
 them over through its ring of EXCHANGE_SLOTS chunk slots in global memory (TermExchange: TMA stores, ready and
 consumed counters); the state programs' two aux partitions become importers (chunks 0, 2, .. from ring 0 and 1, 3, ..
 from ring 1), their load partition loads q, k and v only, and their norms and state partitions are gdn_fused's.
-The terms are computed by the same functions from the same tiles, so o and the state are meant to be gdn_fused's
-bits (as the one-program prototype's were; this kernel has not run yet).
+The terms are computed by the same functions from the same tiles, and the gates' product by log2 e is rounded on
+its own in both (log2_units), so o and the state are to be gdn_fused's bits (docs/design.md, "Terms programs").
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl

@@ -1,5 +1,6 @@
 """bench/bench.py's JSON names the artifacts its gdn_aot calls ran (the manifest's source, spec and build-code
-hashes), so that a result identifies its kernels even where the GPU host's copy of the checkout is another commit."""
+hashes), so that a result identifies its kernels even where the GPU host's copy of the checkout is another commit;
+bench/rows.py says how far apart two dispatch rows' results are."""
 import sys
 from pathlib import Path
 
@@ -17,3 +18,17 @@ def test_artifacts_identity_is_the_manifest_s(tiny_build):
     assert ident == {"dir": str(tiny_build.out / "sm_90a"), "kernels_source_sha256": data["kernels_source_sha256"],
                      "spec_sha256": data["spec"]["sha256"], "build_code_version": data["build_code_version"]}
     assert len(ident["kernels_source_sha256"]) == 64 and len(ident["spec_sha256"]) == 64
+
+
+def test_rows_reports_bits_or_the_distance():
+    """bench/rows.py's comparison column: "True" only for the same bits, else how far o and the state are apart
+    (what tells a rounding difference, 1e-5, from a wrong hand-over, 1e-1)."""
+    import torch
+    import rows
+
+    o, state = torch.tensor([1.0, 2.0, 3.0]), torch.zeros(2, 2)
+    assert rows.bitwise_or_distance((o, state), (o.clone(), state.clone())) == "True"
+    near = o.clone()
+    near[1] = torch.nextafter(near[1], torch.tensor(3.0))
+    assert rows.bitwise_or_distance((near, state), (o, state)) == "2.4e-07/0.0e+00"
+    assert rows.bitwise_or_distance((o, state + 0.5), (o, state)) == "0.0e+00/5.0e-01"
