@@ -248,8 +248,8 @@ def static_report(sass_text, min_insns=100):
 
 
 def record(case, out, bv=128, row=None):
-    """Profile one launch of the checkout's gdn_fused on `case` (a fused_ablate.py case) at V tile `bv`, or with
-    `row` of the installed gdn_aot's dispatch row `row` on `case` (a bench.py case), into out/source.csv and
+    """Profile one launch of the checkout's gdn_fused on `case` (a fused_ablate.py case) at V tile `bv`, or, given
+    `row`, of the installed gdn_aot's dispatch row `row` on `case` (a bench.py case), into out/source.csv and
     out/raw.csv."""
     os.makedirs(out, exist_ok=True)
     report = os.path.join(out, "profile")

@@ -1,6 +1,8 @@
 """The kernels take the intended hardware path: checked on the SASS of the built cubins (nvdisasm -c)."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from gdn_aot.build import sass
@@ -137,6 +139,22 @@ def test_checkpoint_stores_only_in_checkpoint_variants(tiny_build, arch, kernel)
         loops = sass.loop_ranges(text)
         in_loops = sum(1 for at, op in sass.instructions(text) if op == "STG" and any(a <= at <= b for a, b in loops))
         assert (in_loops > 0) == e["axes"]["checkpoints"], (key, in_loops)
+
+
+LOG2E_OPERAND = "1.4426950216293334961"  # log2 e as nvdisasm prints an fp32 immediate
+
+
+@pytest.mark.parametrize("arch, kernel", [(arch, "gdn_fused") for arch in ARCHES] + [("sm_90a", "gdn_fused_terms")])
+def test_gates_product_is_rounded_on_its_own(tiny_build, arch, kernel):
+    """g times log2 e is an FMUL, never folded into an FFMA (common.log2_units): gdn_fused reads a chunk's gates a
+    chunk before it sums them and gdn_fused_terms' terms programs in the same iteration, and where the compiler
+    fused the product into gam's cumsum in one of them the two routes' gam differed in its last bits (measured on
+    an H100: o up to 1.2e-4 apart), so the terms route was not gdn_fused's bits."""
+    for key, e in tiny_build.require(arch, kernel).items():
+        text = sass.disassemble(tiny_build.out / arch / e["cubin"]["path"], arch)
+        opcodes = [re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9]+)", line).group(1)
+                   for line in text.splitlines() if LOG2E_OPERAND in line]
+        assert "FMUL" in opcodes and "FFMA" not in opcodes, (key, opcodes)
 
 
 # the instruction families that are the hardware path (what a kernel computes on and how its data moves)
