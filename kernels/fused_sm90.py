@@ -546,17 +546,21 @@ def _publish_gates(gates, c, g, beta):
 
 
 @gluon.jit
-def _request_inputs(inputs, q_desc, k_desc, v_desc, c):
-    """TMA of chunk c's q, k, v tiles into its input slot, once the slot is free."""
+def _request_inputs(inputs, q_desc, k_desc, v_desc, c, row_chunk=None):
+    """TMA of the q, k and (unless v_desc is None) v tiles of the sequence's chunk row_chunk (default c) into chunk
+    c's input slot, once the slot is free."""
     BT: gl.constexpr = q_desc.block_type.shape[0]
-    nbytes: gl.constexpr = q_desc.block_type.nbytes + k_desc.block_type.nbytes + v_desc.block_type.nbytes
+    nbytes: gl.constexpr = q_desc.block_type.nbytes + k_desc.block_type.nbytes + (
+        0 if v_desc is None else v_desc.block_type.nbytes)
+    row = c * BT if row_chunk is None else row_chunk * BT
     slot = inputs.slot(c)
     inputs.bars.wait_empty(c)
     ready = inputs.bars.ready_bar(c)
     mbarrier.expect(ready, nbytes)
-    tma.async_copy_global_to_shared(q_desc, [c * BT, 0], ready, inputs.q.index(slot))
-    tma.async_copy_global_to_shared(k_desc, [c * BT, 0], ready, inputs.k.index(slot))
-    tma.async_copy_global_to_shared(v_desc, [c * BT, 0], ready, inputs.v.index(slot))
+    tma.async_copy_global_to_shared(q_desc, [row, 0], ready, inputs.q.index(slot))
+    tma.async_copy_global_to_shared(k_desc, [row, 0], ready, inputs.k.index(slot))
+    if v_desc is not None:
+        tma.async_copy_global_to_shared(v_desc, [row, 0], ready, inputs.v.index(slot))
 
 
 @gluon.jit
@@ -600,19 +604,13 @@ def _terms_load_partition(inputs, gates, q_desc, k_desc, gate_source, seq_len, H
     which the aux partition frees right after q k^T."""
     BT: gl.constexpr = q_desc.block_type.shape[0]
     rows: gl.constexpr = gl.BlockedLayout([BT // 32], [32], [gl.num_warps()], [0])
-    nbytes: gl.constexpr = q_desc.block_type.nbytes + k_desc.block_type.nbytes
     for j in range(exchange.local_chunks(gl.cdiv(seq_len, BT))):
         c = exchange.chunk(j)
         g, beta = _gate_rows(gate_source, c, seq_len, HV, BT, rows)
         gates.bars.wait_empty(j)
         exchange.wait_free(j)
         _publish_gates(gates, j, g, beta)
-        slot = inputs.slot(j)
-        inputs.bars.wait_empty(j)
-        ready = inputs.bars.ready_bar(j)
-        mbarrier.expect(ready, nbytes)
-        tma.async_copy_global_to_shared(q_desc, [c * BT, 0], ready, inputs.q.index(slot))
-        tma.async_copy_global_to_shared(k_desc, [c * BT, 0], ready, inputs.k.index(slot))
+        _request_inputs(inputs, q_desc, k_desc, None, j, c)
 
 
 @gluon.jit
