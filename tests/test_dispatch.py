@@ -259,7 +259,7 @@ def test_shipped_specs_route_sm90_configurations():
     gdn_prepare + gdn_scan the gating ones; specs/qwen35-fastest.yaml: the same variants plus the non-gating sm_90a
     gdn_prepare, which with gdn_scan takes the batches of up to SMs / 4 programs; specs/terms-preview.yaml:
     qwen35.yaml's plus gdn_fused_terms (sm_90a, BV 64, no gating), which takes the batches whose four programs a
-    (sequence, head) all fit (num_seqs * HV * 4 <= SMs), computing gdn_fused's bits."""
+    (sequence, head) all fit (num_seqs * HV * 4 <= SMs), meant to compute gdn_fused's bits."""
     from gdn_aot.build.spec import load_spec
 
     fast, qwen, terms = load_spec("qwen35-fastest"), load_spec("qwen35"), load_spec("terms-preview")

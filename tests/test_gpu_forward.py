@@ -223,8 +223,9 @@ def test_every_dispatch_row(shape_class, transpose, monkeypatch):
     """The route of each dispatch row of the class (on specs/qwen35.yaml's sm_90a varlen artifacts: gdn_fused at BV
     64 and 128; on specs/qwen35-fastest.yaml's also the warp-specialised scan at BV 32; on specs/terms-preview.yaml's
     also gdn_fused_terms), forced on one odd-length batch: which row a batch lands in must not change the result.
-    The terms row gets 12 more sequences: 18 x HV 4 = 72 clusters of four programs, more than fit the GPU at once
-    (33 on 132 SMs), so the later clusters wait for whole earlier ones (each cluster's programs start together)."""
+    The terms row gets 12 more sequences: 18 x HV 4 = 72 clusters of four programs, more than fit the GPU at
+    once (at most 33 on 132 SMs), so the later clusters wait for whole earlier ones (each cluster's programs start
+    together)."""
     from gdn_aot.loader import Artifacts
 
     routes = Artifacts.for_device(torch.cuda.current_device()).routes("bf16", K, V, True, transpose)
