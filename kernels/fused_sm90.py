@@ -292,7 +292,7 @@ PROXY_FENCE = gl.constexpr("fence.proxy.async.global; mov.b32 $0, $1;")
 # one thread (index 0) of the partition, after the partition's barrier: a counter set
 RELEASE_STORE = gl.constexpr("{ .reg .pred p; setp.eq.s32 p, $2, 0; @p st.release.gpu.global.b32 [$1], $3; "
                              "mov.b32 $0, 0; }")
-# one thread (index 0) of the partition, after the partition's barrier: one import done
+# one thread (index 0) of the partition, after its wait for the imports it counts: one import done
 RELEASE_ADD = gl.constexpr("{ .reg .pred p; setp.eq.s32 p, $2, 0; @p red.release.gpu.global.add.s32 [$1], 1; "
                            "mov.b32 $0, 0; }")
 
@@ -397,30 +397,28 @@ class TermExchange:
 
     @gluon.jit
     def import_into(self, terms, c, j):
-        """A state program: chunk c's terms, the ring's j-th, from the ring into its terms slot (which the caller
-        knows to be free), once exported; fenced for the tensor cores."""
+        """A state program: chunk c's terms, the ring's j-th, once exported, from the ring into its terms slot (which
+        the caller knows to be free) by TMA, whose bytes complete the slot's ready barrier. Every thread acquires the
+        export's release (given after its TMA writes landed, fenced); the proxy fence orders the TMA's reads after
+        that acquire."""
         BT: gl.constexpr = terms.p.shape[1]
-        tile_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
-        scal_l: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [gl.num_warps(), 1], [1, 0])
+        nbytes: gl.constexpr = 2 * self.tiles_desc.block_type.nbytes + self.scalings_desc.block_type.nbytes
+        plain: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
         s = j % EXCHANGE_SLOTS
         self._spin(self.counters + s * 2, j + 1, SPIN_READY)
+        self._each_thread(PROXY_FENCE)
         slot = terms.slot(c)
-        r = gl.expand_dims(gl.arange(0, BT, gl.SliceLayout(1, tile_l)), 1)
-        cc = gl.expand_dims(gl.arange(0, BT, gl.SliceLayout(0, tile_l)), 0)
-        rs = gl.expand_dims(gl.arange(0, SCALINGS, gl.SliceLayout(1, scal_l)), 1)
-        cs = gl.expand_dims(gl.arange(0, BT, gl.SliceLayout(0, scal_l)), 0)
-        base = self.tiles + s * 2 * BT * BT + r * BT + cc
-        tv = gl.load(base, cache_modifier=".cg")
-        pp = gl.load(base + BT * BT, cache_modifier=".cg")
-        sc = gl.load(self.scalings + s * SCALINGS * BT + rs * BT + cs, cache_modifier=".cg")
-        terms.tc_v.index(slot).store(tv)
-        terms.p.index(slot).store(pp)
-        terms.slot_scalings(c).store(sc)
-        fence_async_shared()
+        ready = terms.bars.ready_bar(c)
+        mbarrier.expect(ready, nbytes)
+        tma.async_copy_global_to_shared(self.tiles_desc, [s * 2 * BT, 0], ready, terms.tc_v.index(slot))
+        tma.async_copy_global_to_shared(self.tiles_desc, [s * 2 * BT + BT, 0], ready, terms.p.index(slot))
+        tma.async_copy_global_to_shared(self.scalings_desc, [s * SCALINGS, 0], ready,
+                                        terms.slot_scalings(c)._reinterpret(gl.float32, [SCALINGS, BT], plain))
 
     @gluon.jit
     def mark_consumed(self, c):
-        """After the partition's barrier: one import of chunk c done (its slot's consumed counter)."""
+        """Once the copy of the ring's chunk c has landed (the caller knows): one import of it done (its slot's
+        consumed counter)."""
         self._one_a_thread(self.counters + (c % EXCHANGE_SLOTS) * 2 + 1, 0, RELEASE_ADD)
 
 
@@ -1090,14 +1088,21 @@ def _state_partition(state, inputs, terms, o_desc, o_stage, seq_len, checkpoints
 
 @gluon.jit
 def _import_partition(terms, exchange, seq_len, BT: gl.constexpr, first: gl.constexpr, stride: gl.constexpr):
-    """A state program's terms of chunks first, first + stride, ...: from the exchange into the terms ring, once
-    the slot is free (the state releases it in the next chunk, after o's store has read its Tv tile)."""
+    """A state program's terms of chunks first, first + stride, ...: from the exchange into the terms ring by TMA,
+    once the slot is free (the state releases it in the next chunk, after o's store has read its Tv tile). The
+    copies complete on their own; the state's release of chunk c's slot says that every chunk up to c - n (n the
+    ring's slots) has landed, so the importer marks its copy of the chunk `lag` of its own before c consumed then,
+    off the copy's path."""
+    n: gl.constexpr = terms.p.shape[0]
+    lag: gl.constexpr = (n + stride - 1) // stride
+    gl.static_assert(lag < EXCHANGE_SLOTS, "the terms programs may run ahead by more than the importers lag")
     for c in range(first, gl.cdiv(seq_len, BT), stride):
         c = loop_variant(c, c)
+        j = c // stride
         terms.bars.wait_empty(c)
-        exchange.import_into(terms, c, c // stride)
-        terms.bars.publish(c)
-        exchange.mark_consumed(c // stride)
+        if j >= lag:
+            exchange.mark_consumed(j - lag)
+        exchange.import_into(terms, c, j)
 
 
 @gluon.jit

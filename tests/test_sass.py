@@ -118,6 +118,15 @@ def test_terms_programs_spill_at_most_a_value_a_chunk(tiny_build):
         assert e["resources"]["stack"] <= 32, (key, e["resources"])
 
 
+def test_terms_imported_by_tma(tiny_build):
+    """A state program's importers copy a chunk's terms from the exchange ring by TMA, whose bytes complete the terms
+    slot's ready barrier: no strong 128-bit global loads, the copy through registers they replace (9 a chunk an
+    importer, then shared stores, a fence and a barrier before the state could start)."""
+    for key, e in tiny_build.require("sm_90a", "gdn_fused_terms").items():
+        text = sass.disassemble(tiny_build.out / "sm_90a" / e["cubin"]["path"], "sm_90a")
+        assert "LDG.E.128.STRONG" not in text, key
+
+
 @pytest.mark.parametrize("kernel", ["gdn_prepare", "gdn_scan", "gdn_fused", "gdn_fused_terms"])
 def test_wgmma_not_serialised(tiny_build, kernel):
     """ptxas keeps the sm_90a wgmma pipelines asynchronous: when it cannot (too few registers for the in-flight
