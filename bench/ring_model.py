@@ -6,11 +6,12 @@ that finds another chunk's data in its slot. Configurations: the 128-row program
 partition, o through a staging tile of its own) and the 64-row ones (three slots a ring, two aux partitions, o
 through its chunk's Tv tile, whose terms slot the state partition frees in the next chunk); and gdn_fused_terms
 (TERMS_PROGRAM in kernels/fused_sm90.py: terms programs handing each chunk's terms to two 64-row state programs through
-rings in global memory with ready and consumed counters, the terms leaving by TMA stores that complete some steps
-later: terms_run). A model written by hand beside the kernel: change it with the kernel. No GPU:
+rings in global memory with ready and consumed counters, the terms leaving by TMA stores and arriving by TMA loads
+that complete some steps later: terms_run). A model written by hand beside the kernel: change it with the kernel. No GPU:
     python3 bench/ring_model.py [--runs N]
 mbarrier semantics: a wait on parity p passes while the barrier's current phase has the other parity (a fresh
-barrier passes a wait on 1); a TMA load is its writes and the ready arrive at once.
+barrier passes a wait on 1); a TMA load of input tiles is its writes and the ready arrive at once (its source is
+never rewritten); the importers' copies of the terms are modelled as TMA copies that land later.
 """
 import argparse
 import dataclasses
@@ -134,17 +135,18 @@ def buffers(slots, prefix=""):
     return {prefix + buf: [None] * slots for buf in BUFFERS}
 
 
-# how often a pending TMA store is the step taken while partitions can run: seldom, so that a slow store's window
-# (its slot still to be read, its global slot still to be written) stays open across many other steps
+# how often a pending TMA copy is the step taken while partitions can run: seldom, so that a slow copy's window
+# (its source still to be read, its destination still to be written) stays open across many other steps
 ENGINE_PACE = 0.05
 
 
 def execute(parts, bars, slots, counters, rng):
     """Runs the partitions' operations in a random interleaving: True, or the deadlock or stale read it met.
     Besides mbarrier waits and arrives and slot reads and writes: waits for a global counter to reach a value, its
-    adds and sets, and TMA stores, each issued into its engine's queue (("issue", engine, from, slot, value, to,
-    slot)), which reads its shared-memory slot and writes its global slot at some later step, and a wait for an
-    engine's queue to empty ("complete": cp.async.bulk.wait_group 0)."""
+    adds and sets, and TMA copies, each issued into its engine's queue (("issue", engine, from, slot, value, to,
+    slot[, barrier])), which reads its source slot and writes its destination slot at some later step (a load then
+    arrives on the destination slot's barrier), and a wait for an engine's queue to empty ("complete":
+    cp.async.bulk.wait_group 0)."""
     engines = {}
     at = [0] * len(parts)
 
@@ -169,10 +171,12 @@ def execute(parts, bars, slots, counters, rng):
             return f"deadlock: {[parts[i][at[i]] for i in live]}"
         who, i = rng.choice(runnable)
         if who == "engine":
-            src, src_slot, value, dst, dst_slot = engines[i].pop(0)
+            src, src_slot, value, dst, dst_slot, *landed = engines[i].pop(0)
             if slots[src][src_slot] != value:
-                return f"a TMA store read {src}[{src_slot}] = {slots[src][src_slot]!r}, wanted {value!r}"
+                return f"a TMA copy read {src}[{src_slot}] = {slots[src][src_slot]!r}, wanted {value!r}"
             slots[dst][dst_slot] = value
+            for bar in landed:
+                bars[bar][dst_slot].arrive()
             continue
         kind, name, slot, *value = parts[i][at[i]]
         at[i] += 1
@@ -193,8 +197,11 @@ def execute(parts, bars, slots, counters, rng):
 # --- terms programs beside the 64-row state programs (gdn_fused_terms): chunk c's terms come from
 # terms program c % programs, its j-th chunk (j = c // programs), through ring slot j % EXCHANGE_SLOTS in global
 # memory, whose ready counter the terms program sets to j + 1 once its TMA store is complete and whose consumed
-# counter each of the two state programs' importers raises by one once it has copied the slot
+# counter each of the two state programs' importers raises by one once its copy of the slot has landed
 EXCHANGE_SLOTS = 8
+# an importer's own chunks between a copy and its consumed count: a state program's terms slots (3) over its two
+# importers, rounded up (fused_sm90._import_partition's lag)
+IMPORT_LAG = 2
 TERMS_AUX = 3  # aux partitions of a terms program, every third of its chunks each
 
 
@@ -248,15 +255,21 @@ def input_load_ops(n_chunks, n):
     return [own(*op) for c in range(n_chunks) for op in request_ops(c, n)]
 
 
-def importer_ops(n_chunks, programs, i, n):
-    """A state program's importer i: chunks i, i + 2, ..., each from its terms program's ring into its terms
-    slot, once the state freed the slot and the ring slot is ready."""
-    ops = []
-    for c in range(i, n_chunks, 2):
+def importer_ops(n_chunks, programs, i, n, prefix):
+    """State program `prefix`'s importer i: chunks i, i + 2, ..., each copied by TMA from its terms program's ring
+    into the program's terms slot (the copy's landing completes the slot's ready barrier), once the state freed the
+    slot and the ring slot is ready; its consumed count IMPORT_LAG of its own chunks later, when the state's release
+    of a later chunk's slot says the copy has landed."""
+    mine, ops = list(range(i, n_chunks, 2)), []
+    for k, c in enumerate(mine):
         t, j = c % programs, c // programs
         s = j % EXCHANGE_SLOTS
-        ops += [own(*wait_empty("t_empty", c, n)), ("wait_ge", f"ready{t}", s, j + 1), ("read", f"ring{t}", s, c),
-                own(*write("terms", c, n)), own(*arrive("t_ready", c, n)), ("add", f"consumed{t}", s, 1)]
+        ops.append(own(*wait_empty("t_empty", c, n)))
+        if k >= IMPORT_LAG:
+            landed = mine[k - IMPORT_LAG]
+            ops.append(("add", f"consumed{landed % programs}", landed // programs % EXCHANGE_SLOTS, 1))
+        ops += [("wait_ge", f"ready{t}", s, j + 1),
+                ("issue", f"{prefix}.import{i}", f"ring{t}", s, c, f"{prefix}.terms", c % n, f"{prefix}.t_ready")]
     return ops
 
 
@@ -278,7 +291,7 @@ def terms_run(n_chunks, programs, rng):
     for p in ("s0", "s1"):
         parts += [in_program(p, input_load_ops(n_chunks, n))]
         parts += [in_program(p, [own(*op) for op in ops]) for ops in (norms_ops(n_chunks, r), state_ops(n_chunks, r))]
-        parts += [in_program(p, importer_ops(n_chunks, programs, i, n)) for i in range(2)]
+        parts += [in_program(p, importer_ops(n_chunks, programs, i, n, p)) for i in range(2)]
     return execute(parts, bars, slots, counters, rng)
 
 

@@ -75,3 +75,13 @@ def test_the_model_catches_the_terms_hand_over_s_mistakes(monkeypatch):
     monkeypatch.undo()
     # an importer not waiting for the ready counter
     assert _terms_fails(monkeypatch, "importer_ops", without("wait_ge"), programs=2)
+
+
+@pytest.mark.parametrize("lag", [0, 1])
+def test_the_model_catches_consumed_counted_before_the_copy_landed(monkeypatch, lag):
+    """The importers count a ring slot consumed two of their chunks after their copy of it (IMPORT_LAG, the
+    kernel's lag): at one or none, the terms program may rewrite the ring slot before the copy has read it."""
+    monkeypatch.setattr(ring_model, "IMPORT_LAG", lag)
+    rng = random.Random(0)
+    assert any(ring_model.terms_run(rng.randint(6, 30), 2, rng) is not True for _ in range(300))
+
