@@ -122,17 +122,21 @@ def phases(body):
     return out
 
 
-# what tells gdn_fused's (sm_90a) partitions apart in a loop's opcodes, checked in this order: the aux inverts the
-# diagonal blocks on mma.sync, the state stores o by TMA, the load issues the TMA loads, the norms read q rows from
-# shared memory and take their inverse square roots; and in gdn_fused_terms (whose terms programs' aux partitions
-# also store by TMA, hence aux before state) the importers' acquire loads invalidate L1 (CCTL)
-ROLE_MARKS = (("aux", ("HMMA",)), ("state", ("UTMASTG",)), ("load", ("UTMALDG",)), ("norms", ("LDS", "MUFU")),
-              ("import", ("CCTL",)))
+# what tells gdn_fused's (sm_90a) partitions apart in a loop's opcodes ("!" an opcode the loop lacks), checked in this
+# order: the aux inverts the diagonal blocks on mma.sync, the state stores o by TMA, the load issues the TMA loads,
+# the norms read q rows from shared memory and take their inverse square roots; and in gdn_fused_terms (whose terms
+# programs' aux partitions also store by TMA, hence aux before state) the importers' acquire loads invalidate L1
+# (CCTL) before their TMA copies, and they scan no gates (the terms programs' load loop spins too, and scans with
+# shuffles)
+ROLE_MARKS = (("aux", ("HMMA",)), ("state", ("UTMASTG",)), ("import", ("CCTL", "!SHFL")), ("load", ("UTMALDG",)),
+              ("norms", ("LDS", "MUFU")))
 
 
 def loop_role(opcodes):
     """The partition whose loop has these opcode counts (a Counter), or "other"."""
-    return next((role for role, marks in ROLE_MARKS if all(opcodes[m] for m in marks)), "other")
+    def holds(mark):
+        return opcodes[mark[1:]] == 0 if mark.startswith("!") else opcodes[mark] > 0
+    return next((role for role, marks in ROLE_MARKS if all(holds(m) for m in marks)), "other")
 
 
 def partition_report(path, min_insns=100, top=8, with_phases=False):

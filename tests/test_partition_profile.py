@@ -150,6 +150,8 @@ def test_loop_role_names_gdn_fused_partitions_by_their_opcodes():
     norms = Counter(LDS=16, MUFU=2, STSM=1, SYNCS=2, FFMA=112)
     assert [role(x) for x in (state, aux, load, norms)] == ["state", "aux", "load", "norms"]
     assert role(Counter(HGMMA=1)) == "other"
-    # gdn_fused_terms: a terms program's aux loop also stores by TMA; an importer spins and copies
+    # gdn_fused_terms: a terms program's aux loop also stores by TMA; an importer spins, then copies by TMA; the
+    # terms program's load loop spins too, and scans its gates
     assert role(aux + Counter(UTMASTG=3)) == "aux"
-    assert role(Counter(LDG=4, CCTL=1, NANOSLEEP=1, STS=9, SYNCS=2, BAR=2)) == "import"
+    assert role(Counter(LDG=1, CCTL=1, NANOSLEEP=1, UTMALDG=3, SYNCS=2, BAR=4, ELECT=3)) == "import"
+    assert role(Counter(LDG=5, CCTL=1, NANOSLEEP=1, UTMALDG=2, SHFL=9, SYNCS=3)) == "load"
