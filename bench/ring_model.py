@@ -7,7 +7,8 @@ partition, o through a staging tile of its own) and the 64-row ones (three slots
 through its chunk's Tv tile, whose terms slot the state partition frees in the next chunk); and gdn_fused_terms
 (TERMS_PROGRAM in kernels/fused_sm90.py: terms programs handing each chunk's terms to two 64-row state programs through
 rings in global memory with ready and consumed counters, the terms leaving by TMA stores and arriving by TMA loads
-that complete some steps later: terms_run). A model written by hand beside the kernel: change it with the kernel. No GPU:
+that complete some steps later: terms_run). A model written by hand beside the kernel: change it with the kernel.
+No GPU:
     python3 bench/ring_model.py [--runs N]
 mbarrier semantics: a wait on parity p passes while the barrier's current phase has the other parity (a fresh
 barrier passes a wait on 1); a TMA load of input tiles is its writes and the ready arrive at once (its source is

@@ -1095,7 +1095,8 @@ def _import_partition(terms, exchange, seq_len, BT: gl.constexpr, first: gl.cons
     off the copy's path."""
     n: gl.constexpr = terms.p.shape[0]
     lag: gl.constexpr = (n + stride - 1) // stride
-    gl.static_assert(lag < EXCHANGE_SLOTS, "the terms programs may run ahead by more than the importers lag")
+    gl.static_assert(lag < EXCHANGE_SLOTS, "an importer counts a ring slot consumed `lag` chunks late: fewer than "
+                                           "the ring's slots, or terms programs and importers wait for each other")
     for c in range(first, gl.cdiv(seq_len, BT), stride):
         c = loop_variant(c, c)
         j = c // stride

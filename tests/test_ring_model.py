@@ -84,4 +84,3 @@ def test_the_model_catches_consumed_counted_before_the_copy_landed(monkeypatch, 
     monkeypatch.setattr(ring_model, "IMPORT_LAG", lag)
     rng = random.Random(0)
     assert any(ring_model.terms_run(rng.randint(6, 30), 2, rng) is not True for _ in range(300))
-
