@@ -118,6 +118,8 @@ O_SCALE = gl.constexpr(3)
 STATE_SCALE = gl.constexpr(4)  # e^gl in every entry
 # a power of two, so that a slot's rows are one tensor (the last three are unused); the exchange's slots have as many
 SCALINGS = gl.constexpr(_EXCHANGE_SCALINGS)
+# fp32 rows as TMA copies them to and from the scalings, whose shared layout is plain rows (no swizzle)
+PLAIN_ROWS = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
 BLOCK = gl.constexpr(16)  # the inverse's diagonal blocks
 
 
@@ -273,6 +275,12 @@ class TermRing:
                                            gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
         return slots.index(self.slot(chunk))
 
+    @gluon.jit
+    def tma_scalings(self, chunk):
+        """Chunk `chunk`'s scalings as the TMA writes and reads them (the exchange's scalings_desc)."""
+        BT: gl.constexpr = self.scalings.shape[1]
+        return self.slot_scalings(chunk)._reinterpret(gl.float32, [SCALINGS, BT], PLAIN_ROWS)
+
 
 EXCHANGE_SLOTS = gl.constexpr(_EXCHANGE_SLOTS)  # chunks a terms program may run ahead of its state programs
 TERMS_PROGRAMS = gl.constexpr(_TERMS_PROGRAMS)  # a (sequence, head)'s terms programs, each taking every other chunk
@@ -343,9 +351,8 @@ class TermExchange:
         scalings = scalings + p * SCALINGS * BT
         tiles_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], tiles.dtype.element_ty)
         tiles_desc = tma.make_tensor_descriptor(tiles, [EXCHANGE_SLOTS * 2 * BT, BT], [BT, 1], [BT, BT], tiles_layout)
-        plain: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
         scalings_desc = tma.make_tensor_descriptor(scalings, [EXCHANGE_SLOTS * SCALINGS, BT], [BT, 1], [SCALINGS, BT],
-                                                   plain)
+                                                   PLAIN_ROWS)
         return TermExchange(tiles, scalings, counters + p * 2, tiles_desc, scalings_desc, first_chunk)
 
     @gluon.jit
@@ -369,18 +376,16 @@ class TermExchange:
     @gluon.jit
     def store(self, terms, c):
         """Chunk c's terms, fenced in its terms slot, into its ring slot by TMA (the writes complete later). The
-        slot's last readers were generic loads in the state programs, ordered before this (their consumed counter's
-        release, the load partition's acquire, the input slot's mbarrier): the proxy fence orders the TMA's writes
-        after that chain."""
+        slot's last readers were the state programs' TMA copies, ordered before this (their landing, which the
+        importers' consumed counter releases, the load partition's acquire of it, the input slot's mbarrier): the
+        proxy fence orders the TMA's writes after that generic chain."""
         BT: gl.constexpr = terms.p.shape[1]
         s = c % EXCHANGE_SLOTS
         slot = terms.slot(c)
-        plain: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
         self._each_thread(PROXY_FENCE)
         tma.async_copy_shared_to_global(self.tiles_desc, [s * 2 * BT, 0], terms.tc_v.index(slot))
         tma.async_copy_shared_to_global(self.tiles_desc, [s * 2 * BT + BT, 0], terms.p.index(slot))
-        tma.async_copy_shared_to_global(self.scalings_desc, [s * SCALINGS, 0],
-                                        terms.slot_scalings(c)._reinterpret(gl.float32, [SCALINGS, BT], plain))
+        tma.async_copy_shared_to_global(self.scalings_desc, [s * SCALINGS, 0], terms.tma_scalings(c))
 
     @gluon.jit
     def _each_thread(self, asm: gl.constexpr):
@@ -403,7 +408,6 @@ class TermExchange:
         that acquire."""
         BT: gl.constexpr = terms.p.shape[1]
         nbytes: gl.constexpr = 2 * self.tiles_desc.block_type.nbytes + self.scalings_desc.block_type.nbytes
-        plain: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
         s = j % EXCHANGE_SLOTS
         self._spin(self.counters + s * 2, j + 1, SPIN_READY)
         self._each_thread(PROXY_FENCE)
@@ -412,8 +416,7 @@ class TermExchange:
         mbarrier.expect(ready, nbytes)
         tma.async_copy_global_to_shared(self.tiles_desc, [s * 2 * BT, 0], ready, terms.tc_v.index(slot))
         tma.async_copy_global_to_shared(self.tiles_desc, [s * 2 * BT + BT, 0], ready, terms.p.index(slot))
-        tma.async_copy_global_to_shared(self.scalings_desc, [s * SCALINGS, 0], ready,
-                                        terms.slot_scalings(c)._reinterpret(gl.float32, [SCALINGS, BT], plain))
+        tma.async_copy_global_to_shared(self.scalings_desc, [s * SCALINGS, 0], ready, terms.tma_scalings(c))
 
     @gluon.jit
     def mark_consumed(self, c):
