@@ -273,14 +273,12 @@ def launch_row(case, row):
     """Three forwards of the installed gdn_aot with every batch sent to its dispatch row `row` (bench/rows.py's
     numbering: bf16 varlen, K = V = 128, the [K, V] state) on the bench.py case `case`."""
     import torch
-    from gdn_aot.loader import Artifacts
 
     sys.path.insert(0, HERE)
     from bench import cu_tensors, make_inputs, parse_cases
-    from rows import forced_forward
+    from rows import forced_forward, installed_routes
 
-    routes = Artifacts.for_device(torch.cuda.current_device()).routes("bf16", 128, 128, True, False)
-    routes.load()
+    routes = installed_routes(False)
     (c,) = parse_cases(case)
     x = make_inputs(c.lens, c.HV, 0, cu_tensors(c.lens))
     for _ in range(3):

@@ -44,16 +44,23 @@ def bitwise_or_distance(out, ref):
     return "/".join(f"{(a.float() - b.float()).abs().max().item():.1e}" for a, b in zip(out, ref))
 
 
+def installed_routes(transpose):
+    """The installed gdn_aot's loaded dispatch rows for bf16 varlen, K = V = 128, the [K, V] (or with transpose the
+    [V, K]) state: the rows this script numbers."""
+    from gdn_aot.loader import Artifacts
+
+    routes = Artifacts.for_device(torch.cuda.current_device()).routes("bf16", 128, 128, True, transpose)
+    routes.load()
+    return routes
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cases", default="1x2048,1x8192,1x65536,4096+4096")
     ap.add_argument("--reps", type=int, default=40)
     ap.add_argument("--transpose", action="store_true", help="the [V, K] state layout")
     args = ap.parse_args()
-    from gdn_aot.loader import Artifacts
-
-    routes = Artifacts.for_device(torch.cuda.current_device()).routes("bf16", 128, 128, True, args.transpose)
-    routes.load()
+    routes = installed_routes(args.transpose)
     rows = routes.routes
     print(f"{torch.cuda.get_device_name()}; rows: " + ", ".join(f"{i}: {r}" for i, r in enumerate(rows)), flush=True)
     print(f"{'case':14s}" + "".join(f"{'row ' + str(i):>10s}" for i in range(len(rows))) + "  ms; bitwise row 0")

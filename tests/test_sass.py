@@ -1,8 +1,6 @@
 """The kernels take the intended hardware path: checked on the SASS of the built cubins (nvdisasm -c)."""
 from __future__ import annotations
 
-import re
-
 import pytest
 
 from gdn_aot.build import sass
@@ -161,8 +159,7 @@ def test_gates_product_is_rounded_on_its_own(tiny_build, arch, kernel):
     an H100: o up to 1.2e-4 apart), so the terms route was not gdn_fused's bits."""
     for key, e in tiny_build.require(arch, kernel).items():
         text = sass.disassemble(tiny_build.out / arch / e["cubin"]["path"], arch)
-        opcodes = [re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9]+)", line).group(1)
-                   for line in text.splitlines() if LOG2E_OPERAND in line]
+        opcodes = [op for _, op, _, operands in sass.instruction_fields(text) if LOG2E_OPERAND in operands]
         assert "FMUL" in opcodes and "FFMA" not in opcodes, (key, opcodes)
 
 
