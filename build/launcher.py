@@ -37,7 +37,8 @@ DRIVER_FUNCTIONS = (
     "DevicePrimaryCtxRelease", "CtxGetCurrent", "CtxSetCurrent", "CtxSynchronize", "ModuleLoadData",
     "ModuleUnload", "ModuleGetFunction", "FuncSetAttribute", "FuncGetAttribute", "LaunchKernel",
     "GetErrorString", "GetErrorName", "MemAlloc", "MemFree", "MemcpyHtoD", "MemcpyDtoH", "MemsetD8",
-    "StreamSynchronize", "StreamCreate", "StreamDestroy", "MemsetD32Async", "LaunchKernelEx",
+    "StreamSynchronize", "StreamCreate", "StreamDestroy", "MemsetD32Async", "LaunchKernelEx", "CtxGetDevice",
+    "OccupancyMaxActiveBlocksPerMultiprocessor",
     # new entries only ever go at the end (struct layout)
 )
 CFLAGS = ("-O2", "-shared", "-fPIC", "-Wall", "-Werror")
@@ -61,7 +62,7 @@ def families(kernel_names) -> list[dict]:
     for name in kernel_names:
         kd = KERNELS[name]
         out.append({"name": name, "doc": kd.doc, "grid": kd.grid, "params": family_params(kd),
-                    "cluster_z": name in abi.FAMILIES and abi.FAMILIES[name].cluster_z})
+                    "co_resident": name in abi.FAMILIES and abi.FAMILIES[name].co_resident})
     return out
 
 

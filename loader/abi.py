@@ -38,7 +38,9 @@ import struct
 # 7: the fused_terms route (gdn_fused_terms: gdn_fused's state programs beside terms programs, a (sequence, head)'s
 #    programs one cluster); gdn_fused's exchange_tiles, exchange_scalings and exchange_counters parameters (after
 #    the checkpoint parameters); workspace regions per (sequence, value head), and regions zeroed by the forward
-LAUNCHER_ABI_VERSION = 7
+# 8: gdn_aot_kernel_t's `resident` (filled by gdn_aot_kernel_load); gdn_fused_terms launches cooperatively where its
+#    grid fits on the device at once, in clusters only where it does not
+LAUNCHER_ABI_VERSION = 8
 # 2: `dispatch` holds the spec's preferences (`spec`) and the table (`table`); launcher.forward lists its routes
 # 3: the variants' functional axes state_dtype, gating, checkpoints (in the dispatch table's configurations too)
 MANIFEST_SCHEMA_VERSION = 3
@@ -102,6 +104,7 @@ KERNEL_FIELDS = (
     Field("num_warps", "unsigned", "", "c_uint", "blockDim.x = 32 * num_warps"),
     Field("shared", "unsigned", "", "c_uint", "dynamic shared memory bytes"),
     Field("scratch_size", "unsigned", "", "c_uint", "global scratch bytes per program (0: pass global_scratch = 0)"),
+    Field("resident", "unsigned", "", "c_uint", "programs the device runs at once: occupancy times SMs"),
 )
 
 
@@ -160,9 +163,11 @@ class Family:
     grid_doc: str
     params: tuple[Param, ...]
     flags: tuple[Flag, ...]
-    # a (sequence, head)'s programs, the grid's z extent, launch as one thread-block cluster: the GPU starts them
-    # together, so one that waits for another never waits for a program that cannot start
-    cluster_z: bool = False
+    # its programs wait for each other: a grid that fits on the device at once (the kernel's `resident`) launches
+    # cooperatively (every program resident together), a larger one with a (sequence, head)'s programs, the grid's z
+    # extent, as one thread-block cluster (the GPU starts them together, the clusters in waves); either way a program
+    # that waits for another never waits for one that cannot start
+    co_resident: bool = False
 
     @property
     def kernel_params(self) -> tuple[tuple[str, str], ...]:
@@ -234,8 +239,8 @@ FAMILIES = {f.name: f for f in (
     ),
     Family(
         "gdn_fused_terms", "fused_terms", "fused_terms", ("num_seqs", "HV", "zterms"),
-        f"(num_seqs, HV, V // BV + {TERMS_PROGRAMS}), clusters (1, 1, V // BV + {TERMS_PROGRAMS})", _FUSED_PARAMS,
-        _FUSED_FLAGS, cluster_z=True,
+        f"(num_seqs, HV, V // BV + {TERMS_PROGRAMS}), cooperative or clusters (1, 1, V // BV + {TERMS_PROGRAMS})",
+        _FUSED_PARAMS, _FUSED_FLAGS, co_resident=True,
     ),
 )}
 FLAGS = {fl.name: fl.bit for f in FAMILIES.values() for fl in f.flags}

@@ -168,15 +168,26 @@ def test_header_has_the_declared_macros_and_entry_points(forward_launcher):
     assert "SCAN_L2NORM" not in header
 
 
-def test_terms_route_launches_a_cluster_after_zeroing_its_counters(forward_launcher):
-    """gdn_fused_terms launches through cuLaunchKernelEx with a (1, 1, gz) cluster (a (sequence, head)'s programs
-    start together) and refuses more than 8 a cluster; gdn_aot_forward zeroes the exchange counters on the call's
-    stream before that launch, and the other families launch plainly."""
+def test_terms_route_launches_cooperatively_or_in_clusters_after_zeroing_its_counters(forward_launcher):
+    """gdn_fused_terms launches through cuLaunchKernelEx cooperatively where its grid fits the kernel's resident
+    programs (gdn_aot_kernel_load counts them: occupancy times SMs), else with a (1, 1, gz) cluster (a (sequence,
+    head)'s programs start together) and refuses more than 8 a cluster; gdn_aot_forward zeroes the exchange counters
+    on the call's stream before that launch, and the other families launch plainly."""
     source = (forward_launcher / launcher.SOURCE).read_text()
+    load = source[source.index("static CUresult resident_programs("):]
+    for line in ("drv.DeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);",
+                 "drv.OccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, (int)(32u * num_warps), shared);",
+                 "*out = r == CUDA_SUCCESS ? (unsigned)(per_sm * sms) : 0u;",
+                 "r = resident_programs(fn, num_warps, shared, &out->resident);"):
+        assert line in load, line
     terms = source[source.index("CUresult gdn_aot_launch_gdn_fused_terms("):]
     terms = terms[:terms.index("\n}\n")]
-    for line in ("cluster.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;", "cluster.value.clusterDim.z = gz;",
-                 "if (gz > 8) return CUDA_ERROR_INVALID_VALUE;", "return drv.LaunchKernelEx(&config, kern->function"):
+    fits = terms.index("if ((uint64_t)gx * gy * gz <= kern->resident) {")
+    cooperative = terms.index("together.id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;")
+    too_many = terms.index("if (gz > 8) return CUDA_ERROR_INVALID_VALUE;")
+    clusters = terms.index("together.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;")
+    assert fits < cooperative < terms.index("} else {") < too_many < clusters
+    for line in ("together.value.clusterDim.z = gz;", "return drv.LaunchKernelEx(&config, kern->function"):
         assert line in terms, line
     fused = source[source.index("CUresult gdn_aot_launch_gdn_fused("):]
     assert "LaunchKernelEx" not in fused[:fused.index("\n}\n")]

@@ -223,9 +223,9 @@ def test_every_dispatch_row(shape_class, transpose, monkeypatch):
     """The route of each dispatch row of the class (on specs/qwen35.yaml's sm_90a varlen artifacts: gdn_fused at BV
     64 and 128; on specs/qwen35-fastest.yaml's also the warp-specialised scan at BV 32; on specs/terms-preview.yaml's
     also gdn_fused_terms), forced on one odd-length batch: which row a batch lands in must not change the result.
-    The terms row gets 12 more sequences: 18 x HV 4 = 72 clusters of four programs, more than fit the GPU at
-    once (at most 33 on 132 SMs), so the later clusters wait for whole earlier ones (each cluster's programs start
-    together)."""
+    The terms row runs that batch (6 x HV 4 pairs, 96 programs: one cooperative launch) and one of 12 more sequences:
+    18 x HV 4 = 72 (sequence, head)s of four programs, more than the GPU holds at once, so they launch as clusters
+    and the later clusters wait for whole earlier ones (each cluster's programs start together)."""
     from gdn_aot.loader import Artifacts
 
     routes = Artifacts.for_device(torch.cuda.current_device()).routes("bf16", K, V, True, transpose)
@@ -233,11 +233,14 @@ def test_every_dispatch_row(shape_class, transpose, monkeypatch):
     chosen = [r for r in routes.routes if r.row["class"] == shape_class]
     if not chosen:
         pytest.skip(f"these artifacts have no {shape_class} row")
-    lens = [1, 63, 0, 65, 130, 1000] + ([129, 64, 7, 300, 0, 2, 191, 640, 33, 256, 65, 1] if shape_class == "terms"
-                                         else [])
+    batches = [[1, 63, 0, 65, 130, 1000]]
+    if shape_class == "terms":
+        batches.append(batches[0] + [129, 64, 7, 300, 0, 2, 191, 640, 33, 256, 65, 1])
     for route in chosen:
         monkeypatch.setattr(routes, "tiers", ((float("inf"), route),))
-        run_case(f"{shape_class} row ({route}) transpose={transpose}", lens, transpose=transpose)
+        for lens in batches:
+            run_case(f"{shape_class} row ({route}) transpose={transpose}, {len(lens)} sequences", lens,
+                     transpose=transpose)
 
 
 def test_converted_inputs_give_the_same_result():
