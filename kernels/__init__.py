@@ -15,7 +15,7 @@ or
   gdn_fused    one program per (sequence, value head, V tile): the whole forward in one warp-specialised kernel
                (sm_90a tiles V by BV = 64 or 128, sm_100a takes BV = V)
   gdn_fused_terms  (sm_90a) gdn_fused's 64-row programs beside TERMS_PROGRAMS terms programs a (sequence, value
-               head) that compute its chunks' terms once for both, a cluster of four; for batches of few heads
+               head) that compute its chunks' terms once for both, all four running at once; for batches of few heads
 gdn_scan and gdn_fused also write the prefix-cache state checkpoints (the state after every N tokens of each
 sequence) in their `checkpoints` variants (the CHECKPOINTS constexpr; common.Checkpoints); the others have none of
 that code.
@@ -132,7 +132,7 @@ GDN_FUSED = KernelDef(
     doc="per (sequence, value head, V tile): the whole forward, prepare and scan of every chunk in one program",
 )
 # gdn_fused's source with its terms programs (fused_sm90.py; sm_90a only, BV = 64): per (sequence, value head), the
-# two 64-row state programs and TERMS_PROGRAMS programs computing the chunks' terms for both, one cluster
+# two 64-row state programs and TERMS_PROGRAMS programs computing the chunks' terms for both, running at once
 GDN_FUSED_TERMS = KernelDef(
     name="gdn_fused_terms",
     params=abi.FAMILIES["gdn_fused_terms"].kernel_params,

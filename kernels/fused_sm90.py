@@ -64,8 +64,8 @@ three fp16 tiles 24 KB (an aux partition's), o staging 16 KB; at BV = 64, 226 KB
 Terms programs (TERMS_PROGRAM, the gdn_fused_terms family; docs/design.md "Terms programs"): both 64-row programs of
 a value head compute the same chunk terms, and where few (sequence, head) pairs leave SMs idle the aux role bounds
 their chunk. With TERMS_PROGRAM a (sequence, head) has, beside its two state programs (grid z 0 and 1), TERMS_PROGRAMS
-terms programs (z 2 and 3, one cluster of four with them, so that all four run at once): terms program i computes
-the terms of chunks i, i + 2, ... in three aux partitions (the default partition's warpgroup is the third) and hands
+terms programs (z 2 and 3; the launcher starts all four at once, cooperatively or as a cluster): terms program i
+computes the terms of chunks i, i + 2, ... in three aux partitions (the default partition's warpgroup is the third) and hands
 them over through its ring of EXCHANGE_SLOTS chunk slots in global memory (TermExchange: TMA stores, ready and
 consumed counters); the state programs' two aux partitions become importers (chunks 0, 2, .. from ring 0 and 1, 3, ..
 from ring 1), their load partition loads q, k and v only, and their norms and state partitions are gdn_fused's.

@@ -255,28 +255,37 @@ def test_c_select_answers_as_python(table_launcher):
 
 
 def test_shipped_specs_route_sm90_configurations():
-    """specs/qwen35.yaml: on sm_90a gdn_fused serves the configurations without gating alone (batch invariant),
-    gdn_prepare + gdn_scan the gating ones; specs/qwen35-fastest.yaml: the same variants plus the non-gating sm_90a
-    gdn_prepare, which with gdn_scan takes the batches of up to SMs / 4 programs; specs/terms-preview.yaml:
-    qwen35.yaml's plus gdn_fused_terms (sm_90a, BV 64, no gating), which takes the batches whose four programs a
-    (sequence, head) all fit (num_seqs * HV * 4 <= SMs), meant to compute gdn_fused's bits."""
+    """specs/qwen35.yaml: on sm_90a gdn_fused serves the configurations without gating (batch invariant), with
+    gdn_fused_terms (BV 64, an fp32 state, no checkpoints) ahead of it for the batches whose four programs a
+    (sequence, head) all fit (num_seqs * HV * 4 <= SMs), computing gdn_fused's bits; gdn_prepare + gdn_scan serve
+    the gating ones. specs/qwen35-fastest.yaml: qwen35.yaml's variants less gdn_fused_terms, plus the non-gating
+    sm_90a gdn_prepare, which with gdn_scan takes the batches of up to SMs / 4 programs; specs/terms-preview.yaml:
+    qwen35.yaml's plus the gdn_fused_terms variants with a bf16 state or checkpoints."""
     from gdn_aot.build.spec import load_spec
 
     fast, qwen, terms = load_spec("qwen35-fastest"), load_spec("qwen35"), load_spec("terms-preview")
-    extra = {v.key for v in fast.variants} - {v.key for v in qwen.variants}
-    assert {v.key for v in qwen.variants} < {v.key for v in fast.variants}
-    assert {(v.kernel, v.arch, v.gating) for v in fast.variants if v.key in extra} == {
+    keys = {name: {v.key for v in spec.variants} for name, spec in (("fast", fast), ("qwen", qwen), ("terms", terms))}
+    in_qwen_only = {(v.kernel, v.arch, v.BV, v.state_dtype, v.checkpoints) for v in qwen.variants
+                    if v.key not in keys["fast"]}
+    assert in_qwen_only == {("gdn_fused_terms", "sm_90a", 64, "fp32", False)}
+    assert {(v.kernel, v.arch, v.gating) for v in fast.variants if v.key not in keys["qwen"]} == {
         ("gdn_prepare", "sm_90a", False)}
     fused = [v for v in qwen.variants if v.kernel == "gdn_fused"]
     assert {(v.arch, v.BV) for v in fused} == {("sm_90a", 64), ("sm_90a", 128)} and not any(v.gating for v in fused)
     assert fast.dispatch["sm_90a"] == {**qwen.dispatch["sm_90a"], "gdn_fused": {"above_factor": 0.25}}
     assert fast.dispatch["sm_100a"] == qwen.dispatch["sm_100a"]
-    added = [v for v in terms.variants if v.key not in {x.key for x in qwen.variants}]
+    added = [v for v in terms.variants if v.key not in keys["qwen"]]
     assert {(v.kernel, v.arch, v.BV, v.gating) for v in added} == {("gdn_fused_terms", "sm_90a", 64, False)}
-    assert terms.dispatch == qwen.dispatch and {v.key for v in qwen.variants} < {v.key for v in terms.variants}
-    for spec, want in ((qwen, ["fused"] * 4), (fast, ["prepare_scan", "prepare_scan", "fused", "fused"]),
-                       (terms, ["fused_terms", "fused_terms", "fused", "fused"])):
+    assert all(v.state_dtype == "bf16" or v.checkpoints for v in added)
+    assert terms.dispatch == qwen.dispatch and keys["qwen"] < keys["terms"]
+    terms_first = ["fused_terms", "fused_terms", "fused", "fused"]
+    for spec, fp32_routes, bf16_routes in ((qwen, terms_first, ["fused"] * 4),
+                                           (fast, ["prepare_scan", "prepare_scan", "fused", "fused"], None),
+                                           (terms, terms_first, terms_first)):
         variants = {v.key: entry(v) for v in spec.for_arch("sm_90a")}
         table = build_table(spec.dispatch["sm_90a"], variants, USES)
-        assert [select(table, config(), p, 132)["route"] for p in (1, 33, 34, 1024)] == want
+        assert [select(table, config(), p, 132)["route"] for p in (1, 33, 34, 1024)] == fp32_routes
+        if bf16_routes:
+            assert [select(table, config(state_dtype="bf16"), p, 132)["route"]
+                    for p in (1, 33, 34, 1024)] == bf16_routes
         assert {r["route"] for r in config_rows(table, config(gating=True))} == {"prepare_scan"}

@@ -83,9 +83,10 @@ def _assert_bitwise(scenarios):
 
 
 def test_5000_alone_small_batch_64_sequences():
-    """With specs/qwen35.yaml's varlen bf16 variants on 132 SMs the batches take three different scans: alone
-    the warp-specialised one at BV 32 (128 programs), beside one other the warp-specialised one at BV 64 (128
-    programs), among three or 64 the 8-warp BV 128 one."""
+    """With specs/qwen35.yaml's varlen bf16 variants on 132 SMs the batches take three different routes: alone
+    gdn_fused_terms (32 (sequence, head)s of four programs), beside one other gdn_fused at BV 64 (128 programs),
+    among three or 64 gdn_fused at BV 128 (specs/qwen35-fastest.yaml: gdn_prepare + gdn_scan alone, gdn_fused
+    beyond)."""
     others = [int(x) for x in torch.randint(100, 3000, (63,), generator=torch.Generator().manual_seed(3))]
     _assert_bitwise([
         ("alone", _run([5000], 0)),

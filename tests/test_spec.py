@@ -197,9 +197,11 @@ def test_shipped_specs_enumerate():
     # (warp-specialised, varlen only), 32/w4 (fixed-length only: for varlen batches the BV 64 single-wave row
     # covers its small-batch row) and sm_100a BV 64/w4, 128/w4, 64/w16 (warp-specialised); and with checkpoints,
     # varlen only, the same (BV, warps): the ones the dispatch table takes; on sm_90a gdn_prepare for gating only
-    # and gdn_fused (without gating) at BV 64 and 128, with checkpoints for varlen batches
+    # and gdn_fused (without gating) at BV 64 and 128, with checkpoints for varlen batches; gdn_fused_terms at BV 64:
+    # dtype x varlen x transpose, an fp32 state, no checkpoints
     sm100 = {"gdn_prepare": 8, "gdn_scan": 36 + 18}
-    per_arch = {"sm_90a": {"gdn_prepare": 4, "gdn_scan": 30 + 18, "gdn_fused": 24 + 12}, "sm_100a": sm100,
+    per_arch = {"sm_90a": {"gdn_prepare": 4, "gdn_scan": 30 + 18, "gdn_fused": 24 + 12, "gdn_fused_terms": 8},
+                "sm_100a": sm100,
                 "sm_103a": sm100}
     for arch, counts in per_arch.items():
         vs = q.for_arch(arch)
@@ -210,7 +212,7 @@ def test_shipped_specs_enumerate():
         (32, 4), (128, 8), (32, 16), (64, 16)}
     assert {(v.BV, v.num_warps) for v in q.for_arch("sm_100a") if v.kernel == "gdn_scan"} == {
         (64, 4), (128, 4), (64, 16)}
-    assert len(q.variants) == 212 and len({v.key for v in q.variants}) == 212
+    assert len(q.variants) == 220 and len({v.key for v in q.variants}) == 220
     assert _as_sm100(q.for_arch("sm_103a")) == q.for_arch("sm_100a")  # sm_103a takes sm_100a's sections
     assert q.dispatch["sm_103a"] == q.dispatch["sm_100a"]
     ws = [v for v in q.for_arch("sm_90a")
