@@ -89,6 +89,13 @@ class Kernel:
                                    f"{m.build_command()}")
         return DriverError(f"loading {self.key} on cuda:{self.device_index} failed: {text}", r)
 
+    @property
+    def resident(self) -> int:
+        """How many programs of this kernel the device runs at once (gdn_aot_kernel_load counts them: occupancy
+        times SMs); a co-resident family's grid up to this many launches cooperatively."""
+        self.load()
+        return self._struct.resident
+
     def launch(self, grid, stream, *args, scratch_ptr: int = 0) -> None:
         """Launch on `stream` (a CUstream / cudaStream_t as int, 0 = legacy default) with the runtime args in
         manifest order (pointers as ints, scalars as Python numbers)."""

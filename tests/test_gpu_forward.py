@@ -243,6 +243,28 @@ def test_every_dispatch_row(shape_class, transpose, monkeypatch):
                      transpose=transpose)
 
 
+def test_terms_batches_launch_cooperatively():
+    """Every loaded kernel counts its resident programs (a multiple of the SMs: its occupancy times them), and the
+    terms row takes no batch whose grid would not fit them: every batch the dispatch sends to gdn_fused_terms starts
+    all its programs at once in one cooperative launch, never as clusters in waves."""
+    from gdn_aot.loader import Artifacts
+    from gdn_aot.loader.abi import TERMS_PROGRAMS
+    from gdn_aot.loader.dispatch import most_programs
+
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    routes = Artifacts.for_device(torch.cuda.current_device()).routes("bf16", K, V, True, False)
+    routes.load()
+    for route in routes.routes:
+        for kernel in route.kernels.values():
+            assert kernel.resident >= sms and kernel.resident % sms == 0, kernel
+    terms = [r for r in routes.routes if r.row["class"] == "terms"]
+    if not terms:
+        pytest.skip("these artifacts have no terms row")
+    kernel = terms[0].kernels["gdn_fused_terms"]
+    assert kernel.resident == sms  # one program an SM: its shared memory
+    assert most_programs(terms[0].row, sms) * (V // kernel.BV + TERMS_PROGRAMS) <= kernel.resident
+
+
 def test_converted_inputs_give_the_same_result():
     """Non-contiguous q, k, v, g, beta and a bf16 initial state are converted once (docs/integration.md): the
     result equals, bit for bit, the call on the converted tensors; the new final state is fp32."""
