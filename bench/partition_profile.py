@@ -11,8 +11,8 @@ partition's other warps. Two steps, from the repository root:
 record JIT-compiles the checkout's kernels/fused_sm90.py (bench/fused_ablate.py's copy and launch), runs it twice,
 profiles the third launch under ncu (--set full, --clock-control none) and exports its SASS source page with the
 stall-reason columns; with --row N it profiles the installed gdn_aot's dispatch row N instead (bench/rows.py's
-numbering, on a bench.py case: `record --row 0 --case 1x8192` is the terms route of a specs/terms-preview.yaml build,
-cluster launch and all), which needs no triton.
+numbering, on a bench.py case: `record --row 0 --case 1x8192` is the terms route of a specs/qwen35.yaml build,
+cooperative launch and all), which needs no triton.
 report finds the loops from the predicated backward branches of that SASS and prints, for
 each loop of at least --min-insns instructions: the partition it is (state, aux, load or norms, and import in
 gdn_fused_terms, told apart by opcodes only that partition has: loop_role), its samples and

@@ -7,7 +7,7 @@ check that rows mixed in one table stay batch invariant.
 Runs the installed gdn_aot (its artifacts, GDN_AOT_ARTIFACTS or the wheel's) through the public API, bf16 varlen,
 an fp32 state, H = 16, K = V = 128, q and k L2-normed in the kernel; cases as bench.py's (NxL, L1+L2+.., @HV).
 Each row is forced as tests/test_gpu_forward.py forces one (Routes.tiers), including rows whose bound the batch
-exceeds (the terms route then runs more clusters than fit at once). Per case: each row's median ms (CUDA events
+exceeds (the terms route then launches in clusters, wave by wave). Per case: each row's median ms (CUDA events
 around each call, timing.timed_alternating) and whether its o and final state equal the first row's bit for bit
 (True, else the largest |difference| of o / of the state).
 Needs a CUDA GPU.
