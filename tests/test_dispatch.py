@@ -289,3 +289,22 @@ def test_shipped_specs_route_sm90_configurations():
             assert [select(table, config(state_dtype="bf16"), p, 132)["route"]
                     for p in (1, 33, 34, 1024)] == bf16_routes
         assert {r["route"] for r in config_rows(table, config(gating=True))} == {"prepare_scan"}
+
+
+@pytest.mark.parametrize("sm_count", [78, 108, 114, 132, 148, 170])
+def test_terms_row_takes_only_grids_one_program_an_sm_holds(sm_count):
+    """The terms row's batches launch cooperatively: the launcher does so where the grid fits the kernel's resident
+    programs (at least one an SM), so the row must take no batch whose grid (num_seqs * HV pairs of V / BV + 2
+    programs) exceeds the SMs, on any SM count, and the next larger batch must not fit (the row takes all it can)."""
+    from gdn_aot.build.spec import load_spec
+    from gdn_aot.loader.abi import TERMS_PROGRAMS
+
+    spec = load_spec("qwen35")
+    variants = {v.key: entry(v) for v in spec.for_arch("sm_90a")}
+    table = build_table(spec.dispatch["sm_90a"], variants, USES)
+    terms = [r for r in table if r["class"] == "terms"]
+    assert {(r["state_dtype"], r["checkpoints"], r["gating"]) for r in terms} == {("fp32", False, False)}
+    for row in terms:
+        per_pair = row["V"] // variants[row["kernels"]["gdn_fused_terms"]]["axes"]["BV"] + TERMS_PROGRAMS
+        pairs = most_programs(row, sm_count)
+        assert pairs * per_pair <= sm_count < (pairs + 1) * per_pair
