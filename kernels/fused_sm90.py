@@ -61,16 +61,17 @@ partitions 38 % of their time (ncu, H100, 1 x 65536), and deeper rings alone did
 Shared memory at BV = 128 (175 KB of the 227 KB a CTA may have): inputs 2 x 48 KB, terms 2 x 18 KB, the inverse's
 three fp16 tiles 24 KB (an aux partition's), o staging 16 KB; at BV = 64, 226 KB: inputs 3 x 40 KB, terms
 3 x 18 KB, gates 3 KB, two aux partitions' inverse tiles; one program an SM.
-Terms programs (TERMS_PROGRAM, the gdn_fused_terms family; docs/design.md "Terms programs"): both 64-row programs of
-a value head compute the same chunk terms, and where few (sequence, head) pairs leave SMs idle the aux role bounds
-their chunk. With TERMS_PROGRAM a (sequence, head) has, beside its two state programs (grid z 0 and 1), TERMS_PROGRAMS
-terms programs (z 2 and 3; the launcher starts all four at once, cooperatively or as a cluster): terms program i
-computes the terms of chunks i, i + 2, ... in three aux partitions (the default partition's warpgroup is the third) and hands
+Terms programs (TERMS_PROGRAM, the gdn_fused_terms family; docs/design.md "Terms programs"): both 64-row programs of a
+value head compute the same chunk terms, and where few (sequence, head) pairs leave SMs idle the aux role bounds their
+chunk. With TERMS_PROGRAM a (sequence, head) has, beside its two state programs (grid z 0 and 1), TERMS_PROGRAMS terms
+programs (z 2 and 3; the launcher starts all four at once, cooperatively or as a cluster): terms program i computes
+the terms of chunks i, i + 2, ... in three aux partitions (the default partition's warpgroup is the third) and hands
 them over through its ring of EXCHANGE_SLOTS chunk slots in global memory (TermExchange: TMA stores, ready and
 consumed counters); the state programs' two aux partitions become importers (chunks 0, 2, .. from ring 0 and 1, 3, ..
-from ring 1), their load partition loads q, k and v only, and their norms and state partitions are gdn_fused's.
-The terms are computed by the same functions from the same tiles, and the gates' product by log2 e is rounded on
-its own in both (log2_units), so o and the state are to be gdn_fused's bits (docs/design.md, "Terms programs").
+from ring 1), their load partition loads q, k and v only, and their norms and state partitions are gdn_fused's. The
+terms are computed by the same functions from the same tiles, and the gates' product by log2 e is rounded on its own
+in both (log2_units), so o and the state are gdn_fused's bits (measured bitwise on an H100; docs/design.md, "Terms
+programs").
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl

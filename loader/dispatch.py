@@ -20,8 +20,8 @@ single_wave row per built BV below the largest, smallest first, bound "le" 1 / (
 tile fit one wave: 64-row programs walk a chunk faster than 128-row ones, and compute the same bits), then default
 at the largest BV. Where gdn_fused_terms is built for the configuration, its row comes first: "terms", bound "le"
 1 / (V / BV + TERMS_PROGRAMS), the batches whose state and terms programs all fit one wave (each (sequence,
-head)'s chunk terms computed once, by its terms programs, rather than by both 64-row programs: meant to be
-gdn_fused's bits, so that the choice keeps a configuration batch invariant; the GPU invariance tests check it).
+head)'s chunk terms computed once, by its terms programs, rather than by both 64-row programs: gdn_fused's bits,
+so the choice keeps a configuration batch invariant; the GPU invariance tests check it).
 A spec mixes the routes with `gdn_fused: {above_factor: f}`: the two-kernel rows serve batches of up to f * SMs
 programs (the row reaching past that bound cut to "le" f), gdn_fused's rows the rest.
 Pure Python: the build imports it without the runtime, the runtime without the build.

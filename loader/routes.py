@@ -104,7 +104,7 @@ class Routes:
     @property
     def batch_invariant(self) -> bool:
         """Whether every row computes the same bits: the rows of one route differ in tiling only and round alike,
-        and fused_terms is to compute fused's bits (abi.Route.same_bits_as; the GPU suite checks both bitwise), so a
+        and fused_terms computes fused's bits (abi.Route.same_bits_as; the GPU suite checks both bitwise), so a
         sequence's result cannot depend on its batch; a spec that sends some batches to another route (its
         dispatch's gdn_fused above_factor) gives up that guarantee."""
         return len({ROUTES[route.name].bits for route in self.routes}) == 1

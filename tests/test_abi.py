@@ -176,9 +176,9 @@ def test_terms_route_launches_cooperatively_or_in_clusters_after_zeroing_its_cou
     source = (forward_launcher / launcher.SOURCE).read_text()
     load = source[source.index("static CUresult resident_programs("):]
     for line in ("drv.DeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);",
-                 "drv.OccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, (int)(32u * num_warps), shared);",
-                 "*out = r == CUDA_SUCCESS ? (unsigned)(per_sm * sms) : 0u;",
-                 "r = resident_programs(fn, num_warps, shared, &out->resident);"):
+                 "r = drv.OccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, (int)(32u * num_warps), shared);",
+                 "if (r == CUDA_SUCCESS) *out = (unsigned)(per_sm * sms);",
+                 "r = resident_programs(fn, num_warps, shared, &resident);", "out->resident = resident;"):
         assert line in load, line
     terms = source[source.index("CUresult gdn_aot_launch_gdn_fused_terms("):]
     terms = terms[:terms.index("\n}\n")]
