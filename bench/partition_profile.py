@@ -278,7 +278,7 @@ def launch_row(case, row):
     from bench import cu_tensors, make_inputs, parse_cases
     from rows import forced_forward, installed_routes
 
-    routes = installed_routes(False)
+    routes = installed_routes(False, "fp32")
     (c,) = parse_cases(case)
     x = make_inputs(c.lens, c.HV, 0, cu_tensors(c.lens))
     for _ in range(3):

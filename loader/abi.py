@@ -280,7 +280,7 @@ _FUSED_REFUSES = (
     ("sm_90a", "BETA_NEG_EIGVAL",
      "allow_neg_eigval=True: the sm_90a gdn_fused inverts each chunk's I + A in fp16, and with beta up to 2 the "
      "powers of a block of near-identical keys exceed fp16's range; use artifacts whose dispatch sends gating "
-     "configurations to gdn_prepare + gdn_scan (specs/qwen35.yaml, specs/qwen35-fastest.yaml)"),)
+     "configurations to gdn_prepare + gdn_scan (specs/qwen35.yaml)"),)
 ROUTES = {r.name: r for r in (
     Route("prepare_scan", 0, ("gdn_prepare", "gdn_scan")),
     Route("fused", 1, ("gdn_fused",), refuses=_FUSED_REFUSES),

@@ -153,8 +153,9 @@ def test_fused_above_a_factor_and_fused_only_configurations():
 def test_fused_alone_takes_its_64_row_tile_for_one_wave():
     """A configuration gdn_fused serves alone, built at BV 64 and 128: BV 64 (two programs a value head) while
     num_seqs * HV * 2 fits the SMs, BV 128 beyond; the same rows with above_factor 0 (the two-kernel variants are
-    then unused); above SMs / 4 programs (specs/qwen35-fastest.yaml): the two-kernel route up to there (the
-    fixed-length small_batch row cut to it), then gdn_fused's rows."""
+    then unused); with above_factor 1/4 (a spec trading batch invariance for speed, sending SMs / 4 programs and
+    fewer to the two-kernel route): the two-kernel route up to there (the fixed-length small_batch row cut to it),
+    then gdn_fused's rows."""
     fused = dict(variant("gdn_fused", bv, 16) for bv in (64, 128))
 
     def bv(row):
@@ -256,39 +257,28 @@ def test_c_select_answers_as_python(table_launcher):
 
 def test_shipped_specs_route_sm90_configurations():
     """specs/qwen35.yaml: on sm_90a gdn_fused serves the configurations without gating (batch invariant), with
-    gdn_fused_terms (BV 64, an fp32 state, no checkpoints) ahead of it for the batches whose four programs a
-    (sequence, head) all fit (num_seqs * HV * 4 <= SMs), computing gdn_fused's bits; gdn_prepare + gdn_scan serve
-    the gating ones. specs/qwen35-fastest.yaml: qwen35.yaml's variants less gdn_fused_terms, plus the non-gating
-    sm_90a gdn_prepare, which with gdn_scan takes the batches of up to SMs / 4 programs; specs/terms-preview.yaml:
-    qwen35.yaml's plus the gdn_fused_terms variants with a bf16 state or checkpoints."""
+    gdn_fused_terms (BV 64; an fp32 or bf16 state, with or without checkpoints) ahead of it for the batches whose
+    four programs a (sequence, head) all fit (num_seqs * HV * 4 <= SMs), computing gdn_fused's bits; gdn_prepare +
+    gdn_scan serve the gating ones, and the non-gating sm_90a gdn_prepare is not built."""
     from gdn_aot.build.spec import load_spec
 
-    fast, qwen, terms = load_spec("qwen35-fastest"), load_spec("qwen35"), load_spec("terms-preview")
-    keys = {name: {v.key for v in spec.variants} for name, spec in (("fast", fast), ("qwen", qwen), ("terms", terms))}
-    in_qwen_only = {(v.kernel, v.arch, v.BV, v.state_dtype, v.checkpoints) for v in qwen.variants
-                    if v.key not in keys["fast"]}
-    assert in_qwen_only == {("gdn_fused_terms", "sm_90a", 64, "fp32", False)}
-    assert {(v.kernel, v.arch, v.gating) for v in fast.variants if v.key not in keys["qwen"]} == {
-        ("gdn_prepare", "sm_90a", False)}
+    qwen = load_spec("qwen35")
     fused = [v for v in qwen.variants if v.kernel == "gdn_fused"]
     assert {(v.arch, v.BV) for v in fused} == {("sm_90a", 64), ("sm_90a", 128)} and not any(v.gating for v in fused)
-    assert fast.dispatch["sm_90a"] == {**qwen.dispatch["sm_90a"], "gdn_fused": {"above_factor": 0.25}}
-    assert fast.dispatch["sm_100a"] == qwen.dispatch["sm_100a"]
-    added = [v for v in terms.variants if v.key not in keys["qwen"]]
-    assert {(v.kernel, v.arch, v.BV, v.gating) for v in added} == {("gdn_fused_terms", "sm_90a", 64, False)}
-    assert all(v.state_dtype == "bf16" or v.checkpoints for v in added)
-    assert terms.dispatch == qwen.dispatch and keys["qwen"] < keys["terms"]
-    terms_first = ["fused_terms", "fused_terms", "fused", "fused"]
-    for spec, fp32_routes, bf16_routes in ((qwen, terms_first, ["fused"] * 4),
-                                           (fast, ["prepare_scan", "prepare_scan", "fused", "fused"], None),
-                                           (terms, terms_first, terms_first)):
-        variants = {v.key: entry(v) for v in spec.for_arch("sm_90a")}
-        table = build_table(spec.dispatch["sm_90a"], variants, USES)
-        assert [select(table, config(), p, 132)["route"] for p in (1, 33, 34, 1024)] == fp32_routes
-        if bf16_routes:
-            assert [select(table, config(state_dtype="bf16"), p, 132)["route"]
-                    for p in (1, 33, 34, 1024)] == bf16_routes
-        assert {r["route"] for r in config_rows(table, config(gating=True))} == {"prepare_scan"}
+    terms = [v for v in qwen.variants if v.kernel == "gdn_fused_terms"]
+    assert {(v.arch, v.BV, v.gating) for v in terms} == {("sm_90a", 64, False)}
+    assert {(v.state_dtype, v.checkpoints) for v in terms} == {(d, c) for d in ("fp32", "bf16") for c in (False, True)}
+    assert {fused_key.replace("gdn_fused.", "gdn_fused_terms.", 1) for fused_key in
+            (v.key for v in fused if v.BV == 64)} == {v.key for v in terms}  # one terms variant a 64-row one
+    assert not any(v.kernel == "gdn_prepare" and v.arch == "sm_90a" and not v.gating for v in qwen.variants)
+    variants = {v.key: entry(v) for v in qwen.for_arch("sm_90a")}
+    table = build_table(qwen.dispatch["sm_90a"], variants, USES)
+    for state_dtype in ("fp32", "bf16"):
+        for checkpoints in (False, True):
+            c = config(state_dtype=state_dtype, checkpoints=checkpoints)
+            assert [select(table, c, p, 132)["route"] for p in (1, 33, 34, 1024)] == [
+                "fused_terms", "fused_terms", "fused", "fused"], (state_dtype, checkpoints)
+    assert {r["route"] for r in config_rows(table, config(gating=True))} == {"prepare_scan"}
 
 
 @pytest.mark.parametrize("sm_count", [78, 108, 114, 132, 148, 170])
@@ -303,7 +293,8 @@ def test_terms_row_takes_only_grids_one_program_an_sm_holds(sm_count):
     variants = {v.key: entry(v) for v in spec.for_arch("sm_90a")}
     table = build_table(spec.dispatch["sm_90a"], variants, USES)
     terms = [r for r in table if r["class"] == "terms"]
-    assert {(r["state_dtype"], r["checkpoints"], r["gating"]) for r in terms} == {("fp32", False, False)}
+    assert {(r["state_dtype"], r["checkpoints"], r["gating"]) for r in terms} == {
+        (d, c, False) for d in ("fp32", "bf16") for c in (False, True)}
     for row in terms:
         per_pair = row["V"] // variants[row["kernels"]["gdn_fused_terms"]]["axes"]["BV"] + TERMS_PROGRAMS
         pairs = most_programs(row, sm_count)

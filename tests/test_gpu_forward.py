@@ -221,7 +221,7 @@ def test_gating_in_kernel(with_bias, neg_eigval):
 @pytest.mark.parametrize("transpose", [False, True])
 def test_every_dispatch_row(shape_class, transpose, monkeypatch):
     """The route of each dispatch row of the class (on specs/qwen35.yaml's sm_90a varlen artifacts: gdn_fused_terms
-    and gdn_fused at BV 64 and 128; on specs/qwen35-fastest.yaml's the warp-specialised scan at BV 32 and gdn_fused),
+    and gdn_fused at BV 64 and 128; on a spec sending small batches to the two-kernel route, its scans too),
     forced on one odd-length batch: which row a batch lands in must not change the result.
     The terms row runs that batch (6 x HV 4 pairs, 96 programs: one cooperative launch) and one of 12 more sequences:
     18 x HV 4 = 72 (sequence, head)s of four programs, more than the GPU holds at once, so they launch as clusters

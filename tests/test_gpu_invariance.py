@@ -15,7 +15,8 @@ H, HV, K, V = 16, 32, 128, 128
 @pytest.fixture(autouse=True, scope="module")
 def _promised():
     """Only a build that promises batch invariance is held to it: one whose dispatch runs one route for every
-    shape class of the configuration (specs/qwen35.yaml: gdn_fused on sm_90a; not specs/qwen35-fastest.yaml)."""
+    shape class of the configuration (specs/qwen35.yaml: gdn_fused and gdn_fused_terms on sm_90a; not a spec with
+    gdn_fused's above_factor, which sends small batches to the two-kernel route)."""
     from gdn_aot.loader.artifact_sets import Artifacts
 
     routes = Artifacts.for_device(torch.cuda.current_device()).routes("bf16", K, V, varlen=True, transpose=False)
@@ -85,8 +86,7 @@ def _assert_bitwise(scenarios):
 def test_5000_alone_small_batch_64_sequences():
     """With specs/qwen35.yaml's varlen bf16 variants on 132 SMs the batches take three different routes: alone
     gdn_fused_terms (32 (sequence, head)s of four programs), beside one other gdn_fused at BV 64 (128 programs),
-    among three or 64 gdn_fused at BV 128 (specs/qwen35-fastest.yaml: gdn_prepare + gdn_scan alone, gdn_fused
-    beyond)."""
+    among three or 64 gdn_fused at BV 128."""
     others = [int(x) for x in torch.randint(100, 3000, (63,), generator=torch.Generator().manual_seed(3))]
     _assert_bitwise([
         ("alone", _run([5000], 0)),

@@ -197,10 +197,10 @@ def test_shipped_specs_enumerate():
     # (warp-specialised, varlen only), 32/w4 (fixed-length only: for varlen batches the BV 64 single-wave row
     # covers its small-batch row) and sm_100a BV 64/w4, 128/w4, 64/w16 (warp-specialised); and with checkpoints,
     # varlen only, the same (BV, warps): the ones the dispatch table takes; on sm_90a gdn_prepare for gating only
-    # and gdn_fused (without gating) at BV 64 and 128, with checkpoints for varlen batches; gdn_fused_terms at BV 64:
-    # dtype x varlen x transpose, an fp32 state, no checkpoints
+    # and gdn_fused (without gating) at BV 64 and 128, with checkpoints for varlen batches; gdn_fused_terms as
+    # gdn_fused at BV 64
     sm100 = {"gdn_prepare": 8, "gdn_scan": 36 + 18}
-    per_arch = {"sm_90a": {"gdn_prepare": 4, "gdn_scan": 30 + 18, "gdn_fused": 24 + 12, "gdn_fused_terms": 8},
+    per_arch = {"sm_90a": {"gdn_prepare": 4, "gdn_scan": 30 + 18, "gdn_fused": 24 + 12, "gdn_fused_terms": 12 + 6},
                 "sm_100a": sm100,
                 "sm_103a": sm100}
     for arch, counts in per_arch.items():
@@ -212,7 +212,7 @@ def test_shipped_specs_enumerate():
         (32, 4), (128, 8), (32, 16), (64, 16)}
     assert {(v.BV, v.num_warps) for v in q.for_arch("sm_100a") if v.kernel == "gdn_scan"} == {
         (64, 4), (128, 4), (64, 16)}
-    assert len(q.variants) == 220 and len({v.key for v in q.variants}) == 220
+    assert len(q.variants) == 230 and len({v.key for v in q.variants}) == 230
     assert _as_sm100(q.for_arch("sm_103a")) == q.for_arch("sm_100a")  # sm_103a takes sm_100a's sections
     assert q.dispatch["sm_103a"] == q.dispatch["sm_100a"]
     ws = [v for v in q.for_arch("sm_90a")
@@ -220,9 +220,11 @@ def test_shipped_specs_enumerate():
     assert {(v.kernel, v.BV, v.varlen) for v in ws} == {("gdn_scan", 32, True), ("gdn_scan", 64, True)}
     assert len(ws) == 24  # (bf16, fp32), (fp16, fp32), (bf16, bf16) x BV 32, 64 x both layouts, and with checkpoints
     ckpt = [v for v in q.variants if v.checkpoints]
-    assert {v.kernel for v in ckpt} == {"gdn_scan", "gdn_fused"} and all(v.varlen for v in ckpt) and len(ckpt) == 66
+    assert {v.kernel for v in ckpt} == {"gdn_scan", "gdn_fused", "gdn_fused_terms"} and all(v.varlen for v in ckpt)
+    assert len(ckpt) == 72
     assert {(v.kernel, v.BV, v.num_warps) for v in ckpt if v.arch == "sm_90a"} == {
-        ("gdn_scan", 128, 8), ("gdn_scan", 32, 16), ("gdn_scan", 64, 16), ("gdn_fused", 64, 16), ("gdn_fused", 128, 16)}
+        ("gdn_scan", 128, 8), ("gdn_scan", 32, 16), ("gdn_scan", 64, 16), ("gdn_fused", 64, 16), ("gdn_fused", 128, 16),
+        ("gdn_fused_terms", 64, 16)}
     t = load_spec("tiny")  # a shipped spec by name
     assert len(t.variants) == 33
     for arch in ("sm_90a", "sm_100a"):
@@ -388,7 +390,7 @@ def test_state_dtype_specs_enumerate():
                                                          if v.kernel == "gdn_scan" and v.varlen}
 
 
-@pytest.mark.parametrize("name", ["qwen35", "qwen35-fastest", "state-dtypes", "fused-preview", "terms-preview"])
+@pytest.mark.parametrize("name", ["qwen35", "state-dtypes", "fused-preview"])
 def test_shipped_specs_build_only_what_the_dispatch_takes(name):
     """Every variant a serving spec builds is a kernel of some row of its dispatch table, whose rows all serve
     some batch (a row an earlier one covers is dropped; tiny.yaml, the test build, adds variants for the SASS
