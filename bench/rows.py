@@ -5,7 +5,8 @@ check that rows mixed in one table stay batch invariant.
     python3 bench/rows.py [--cases 1x2048,1x8192,1x65536,4096+4096] [--reps 40] [--transpose] [--state-dtype bf16]
 
 Runs the installed gdn_aot (its artifacts, GDN_AOT_ARTIFACTS or the wheel's) through the public API, bf16 varlen,
-the state stored in fp32 (or --state-dtype), H = 16, K = V = 128, q and k L2-normed in the kernel; cases as bench.py's (NxL, L1+L2+.., @HV).
+the state stored in fp32 (or --state-dtype), H = 16, K = V = 128, q and k L2-normed in the kernel; cases as
+bench.py's (NxL, L1+L2+.., @HV).
 Each row is forced as tests/test_gpu_forward.py forces one (Routes.tiers), including rows whose bound the batch
 exceeds (the terms route then launches in clusters, wave by wave). Per case: each row's median ms (CUDA events
 around each call, timing.timed_alternating) and whether its o and final state equal the first row's bit for bit
